@@ -1,0 +1,56 @@
+"""The SFT flow: dataset → supervised warm-up → register as ``base`` → summary.json."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.runs import new_run_id, write_summary
+from tasks.data import prepare_dataset
+from tasks.sft import train_sft_task
+from tasks.tracking import end_tracking, register_checkpoint, start_tracking
+
+
+@flow(name="sft", log_prints=True)
+def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
+    """Train the policy's starting point; returns the path of the run's summary.json."""
+    start = time.perf_counter()
+    run_id = run_id or new_run_id("sft")
+    dataset = prepare_dataset(config)
+    mlflow_run = start_tracking(config, run_id, "sft", dataset["version"])
+    try:
+        result = train_sft_task(config, dataset, run_id, mlflow_run)
+        version = register_checkpoint(
+            config, run_id, mlflow_run, result, dataset["version"], iteration=0,
+            aliases=("base", "latest"), accuracy=result["heldout_accuracy_after"],
+        )
+    except BaseException:
+        end_tracking(config, mlflow_run, "FAILED")
+        raise
+    end_tracking(config, mlflow_run)
+    path = write_summary(
+        settings(),
+        run_id,
+        {
+            "kind": "sft",
+            "config_fingerprint": config.fingerprint(),
+            "dataset_version": dataset["version"],
+            "dataset_uri": dataset["uri"],
+            "registered_model": {"name": version["name"], "version": version["version"], "aliases": list(version["aliases"])},
+            "checkpoint_uri": result["checkpoint_uri"],
+            "weights_sha256": result["weights_sha256"],
+            "model_parameters": result["parameters"],
+            "sft_steps": result["steps"],
+            "sft_train_s": round(result["train_wall_s"], 2),
+            "heldout_accuracy_before": result["heldout_accuracy_before"],
+            "heldout_accuracy_after": result["heldout_accuracy_after"],
+            "heldout_n": result["heldout_n"],
+            "mlflow_run_id": mlflow_run,
+            "wall_s": round(time.perf_counter() - start, 2),
+        },
+    )
+    get_run_logger().info("summary: %s", path)
+    return str(Path(path))

@@ -1,0 +1,370 @@
+"""The run config: pydantic models loaded from YAML, validated strictly, fingerprinted.
+
+A run config says *what* to train. *Where* things live (endpoints, credentials) comes from
+``RLPIPE_*`` environment variables (see :class:`Settings`), never from the YAML: a config file
+is shared, committed and logged to MLflow, so it must not carry secrets or one machine's hosts.
+
+    cfg = load_config("configs/demo.yaml", overrides=["sft.steps=300"])
+    cfg.fingerprint()  # sha256 of the canonical JSON of the validated config
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "Settings",
+    "apply_overrides",
+    "canonical_json",
+    "load_config",
+    "settings",
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used. ``problems`` lists ``(yaml_path, message)`` pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} problem(s)"]
+        lines += [f"  {path or '<root>'}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo ("learning_rate" for "lr") must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _reject_network_endpoint(value: str | None, env_var: str) -> str | None:
+    if value and "://" in value and value.split("://", 1)[0] in ("http", "https", "grpc"):
+        raise ValueError(
+            f"network endpoints are not read from the config file; remove this key and set {env_var}={value} instead"
+        )
+    return value
+
+
+class TaskConfig(_Strict):
+    name: str = Field("arithmetic", description="Short name of the task; used in run and model names.")
+    policy_model: str = Field(
+        "tiny",
+        description="Model to train: 'tiny' builds rlpipe's small Qwen2 from `model`; otherwise a local HF "
+        "folder or an MLflow model URI ('models:/NAME@ALIAS').",
+    )
+    ref_model: str | None = Field(
+        None, description="Reference model for the KL penalty; defaults to the starting policy."
+    )
+    dataset: str = Field(
+        "builtin:arithmetic",
+        description="Prompt set: 'builtin:arithmetic' (built from `data`) or a path to a JSONL/Parquet prompt file.",
+    )
+
+
+class DataConfig(_Strict):
+    operations: list[Literal["add", "sub", "mul"]] = Field(
+        default_factory=lambda: ["add"], description="Arithmetic operations in the synthetic task family."
+    )
+    digits: int = Field(2, ge=1, le=6, description="Digits per operand (operands span 10^(d-1)..10^d-1).")
+    test_size: int = Field(500, ge=1, description="Held-out questions (split 'test'); never seen in training.")
+    validation_size: int = Field(
+        200, ge=0, description="Questions (split 'validation') for early stopping and model selection, kept apart from test."
+    )
+    train_size: int | None = Field(
+        None, ge=1, description="Training questions; default: every remaining question of the family."
+    )
+    seed: int = Field(0, description="Seed of the split; the same seed gives the same dataset version.")
+
+
+class ModelConfig(_Strict):
+    """Shape of rlpipe's tiny Qwen2 (used when `task.policy_model` is 'tiny')."""
+
+    hidden_size: int = Field(256, ge=8, description="Width of the residual stream.")
+    num_layers: int = Field(4, ge=1, description="Transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads (also key/value heads).")
+    intermediate_size: int = Field(768, ge=8, description="Width of the MLP.")
+    max_position_embeddings: int = Field(256, ge=16, description="Longest sequence (prompt + response).")
+
+
+class SFTConfig(_Strict):
+    steps: int = Field(800, ge=1, description="Optimizer steps of supervised warm-up.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear warm-up, then constant).")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
+    batch_size: int = Field(64, ge=1, description="Prompt/solution pairs per step.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    eval_every: int = Field(20, ge=1, description="Steps between validation accuracy checks (greedy).")
+    eval_size: int | None = Field(
+        None, ge=1, description="Validation questions per periodic check; default: the whole validation split."
+    )
+    stop_at_accuracy: float | None = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="Stop early once a periodic check reaches this greedy validation accuracy (keeps a base "
+        "model middling so RL has room to improve); null: train all steps.",
+    )
+
+
+class RewardConfig(_Strict):
+    type: Literal["rule_based", "model_based"] = Field(
+        "rule_based", description="rule_based: verifiers score answers; model_based: a reward model does."
+    )
+    verifier: str = Field("math", description="Verifier name for rule_based rewards (e.g. math, code, format).")
+    endpoint: str | None = Field(
+        None,
+        description="Verifier/reward-model service; set RLPIPE_VERIFIER_URL / RLPIPE_REWARD_MODEL_URL instead. "
+        "Unset: score in-process.",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_from_env(cls, v: str | None) -> str | None:
+        return _reject_network_endpoint(v, "RLPIPE_VERIFIER_URL")
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM, or HF generate (fallback).")
+    batch_size: int = Field(8, ge=1, description="Prompts per iteration.")
+    samples_per_prompt: int = Field(8, ge=1, description="Completions per prompt (the GRPO group size).")
+    max_new_tokens: int = Field(8, ge=1, description="Longest response in tokens.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+
+
+class AgentConfig(_Strict):
+    env: str = Field(..., description="Registered agent environment name.")
+    max_steps_per_episode: int = Field(8, ge=1, description="Turns before an episode is cut off.")
+    episode_timeout_sec: float = Field(60.0, gt=0, description="Wall-clock limit of one episode.")
+
+
+class TrainConfig(_Strict):
+    algorithm: str = Field("grpo", description="Registered algorithm name (advantage estimator + policy loss).")
+    lr: float = Field(3e-5, gt=0, description="Policy learning rate.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference model (0 = none).")
+    clip_ratio: float = Field(0.2, gt=0, description="PPO clip range ε of the importance ratio.")
+    batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
+    micro_batch_size: int = Field(16, ge=1, description="Completions per forward/backward (per rank).")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
+    total_iterations: int = Field(10, ge=1, description="RL iterations (one Prefect flow run each).")
+    save_interval: int = Field(5, ge=1, description="Register a checkpoint every this many iterations.")
+
+    @model_validator(mode="after")
+    def _micro_fits(self) -> "TrainConfig":
+        if self.micro_batch_size > self.batch_size:
+            raise ValueError(
+                f"micro_batch_size ({self.micro_batch_size}) exceeds batch_size ({self.batch_size}); lower it"
+            )
+        return self
+
+
+class StorageConfig(_Strict):
+    uri: str | None = Field(
+        None,
+        description="Where runs are stored: a local folder or 's3://bucket/prefix'. Default: "
+        "$RLPIPE_STORAGE_URI, else $RLPIPE_HOME/store. The S3 endpoint and keys come from RLPIPE_S3_*.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        if v and "@" in urlsplit(v).netloc:
+            raise ValueError("credentials in the storage URI; set RLPIPE_S3_ACCESS_KEY_ID/SECRET_ACCESS_KEY instead")
+        return _reject_network_endpoint(v, "RLPIPE_S3_ENDPOINT_URL")
+
+
+class TrackingConfig(_Strict):
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; set RLPIPE_TRACKING_URI for a server. Default: a sqlite file in $RLPIPE_HOME.",
+    )
+    experiment: str = Field("rlpipe", description="MLflow experiment the runs are logged to.")
+    registered_model: str | None = Field(
+        None, description="Registry name for checkpoints; default: 'rlpipe-<task.name>'."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_from_env(cls, v: str | None) -> str | None:
+        return _reject_network_endpoint(v, "RLPIPE_TRACKING_URI")
+
+
+class RunConfig(_Strict):
+    """Everything that defines a run. Its fingerprint identifies the experiment."""
+
+    task: TaskConfig = Field(default_factory=TaskConfig, description="What is trained, on what.")
+    data: DataConfig = Field(default_factory=DataConfig, description="The synthetic dataset (builtin tasks).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Shape of the tiny base model.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised warm-up.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Where rewards come from.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling of completions.")
+    agent: AgentConfig | None = Field(None, description="Multi-step agentic episodes (optional).")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="The RL update.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Object store for runs.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    seed: int = Field(0, description="Seed for model init, sampling and data order.")
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of this config (defaults filled in)."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys → values, for MLflow params."""
+        return _flatten(self.model_dump(mode="json"))
+
+    @property
+    def registered_model(self) -> str:
+        return self.tracking.registered_model or f"rlpipe-{self.task.name}"
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    # YAML rules, so `--set train.lr=1e-5` and `--set data.operations=[add,mul]` read as in the file.
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | None, source: str = "--set") -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides to a raw config dict (before validation)."""
+    raw = json.loads(json.dumps(raw))  # deep copy of plain data
+    problems = []
+    for item in overrides or []:
+        if "=" not in item:
+            problems.append((item, "an override is 'dotted.key=value'"))
+            continue
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = raw
+        for p in parts[:-1]:
+            if not isinstance(node.get(p, {}), dict):
+                problems.append((key, f"'{p}' is not a section"))
+                break
+            node = node.setdefault(p, {})
+        else:
+            node[parts[-1]] = _parse_scalar(value)
+    if problems:
+        raise ConfigError(source, problems)
+    return raw
+
+
+def _yaml_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def validate_raw(raw: Any, source: str = "<config>") -> RunConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(source, [("", f"the top level must be a mapping, got {type(raw).__name__}")])
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            # Errors inside validators of a nested model carry no field name of their own.
+            loc = tuple(p for p in err["loc"] if p not in ("function-after", "function-before"))
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling; see `rlpipe config schema`)"
+            msg = msg.removeprefix("Value error, ")
+            problems.append((_yaml_path(loc), msg))
+        raise ConfigError(source, problems) from None
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a config. ``path=None`` gives the embedded defaults."""
+    source = str(path) if path else "<defaults>"
+    raw: Any = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(source, [("", "file not found")])
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(source, [("", f"not valid YAML: {e}")]) from None
+    if overrides:
+        if not isinstance(raw, dict):
+            raise ConfigError(source, [("", "the top level must be a mapping")])
+        raw = apply_overrides(raw, overrides)
+    return validate_raw(raw, source)
+
+
+class Settings(BaseModel):
+    """Where things live on this machine; read from ``RLPIPE_*`` environment variables."""
+
+    home: Path = Field(description="RLPIPE_HOME: project state (runs, store, MLflow); default ./.rlpipe")
+    storage_uri: str | None = Field(None, description="RLPIPE_STORAGE_URI: overrides storage.uri")
+    tracking_uri: str | None = Field(None, description="RLPIPE_TRACKING_URI: an MLflow server or sqlite URI")
+    s3_endpoint_url: str | None = Field(None, description="RLPIPE_S3_ENDPOINT_URL: S3-compatible endpoint")
+    s3_access_key_id: str | None = Field(None, description="RLPIPE_S3_ACCESS_KEY_ID (else AWS_ACCESS_KEY_ID)")
+    s3_secret_access_key: str | None = Field(
+        None, description="RLPIPE_S3_SECRET_ACCESS_KEY (else AWS_SECRET_ACCESS_KEY)", repr=False
+    )
+    s3_region: str | None = Field(None, description="RLPIPE_S3_REGION (else AWS_DEFAULT_REGION)")
+
+    def resolve_storage_uri(self, cfg: RunConfig | None = None) -> str:
+        if self.storage_uri:
+            return self.storage_uri
+        if cfg is not None and cfg.storage.uri:
+            return cfg.storage.uri
+        return str((self.home / "store").resolve())
+
+    def resolve_tracking_uri(self, cfg: RunConfig | None = None) -> str:
+        if self.tracking_uri:
+            return self.tracking_uri
+        if cfg is not None and cfg.tracking.uri:
+            return cfg.tracking.uri
+        return f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def artifact_root(self) -> Path:
+        return (self.home / "mlartifacts").resolve()
+
+    def run_dir(self, run_id: str) -> Path:
+        return (self.home / "runs" / run_id).resolve()
+
+
+def settings(environ: dict[str, str] | None = None) -> Settings:
+    """Read settings from the environment now (never at import time)."""
+    env = os.environ if environ is None else environ
+    return Settings(
+        home=Path(env.get("RLPIPE_HOME", ".rlpipe")),
+        storage_uri=env.get("RLPIPE_STORAGE_URI") or None,
+        tracking_uri=env.get("RLPIPE_TRACKING_URI") or None,
+        s3_endpoint_url=env.get("RLPIPE_S3_ENDPOINT_URL") or None,
+        s3_access_key_id=env.get("RLPIPE_S3_ACCESS_KEY_ID") or env.get("AWS_ACCESS_KEY_ID") or None,
+        s3_secret_access_key=env.get("RLPIPE_S3_SECRET_ACCESS_KEY") or env.get("AWS_SECRET_ACCESS_KEY") or None,
+        s3_region=env.get("RLPIPE_S3_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+    )

@@ -1,0 +1,8 @@
+"""Verifiers: typed results, a registry by name, and the built-in verifiers."""
+
+from rlpipe.rewards.base import VerifyResult, get_verifier, register_verifier, verifier_names
+
+# Importing the built-ins registers them.
+from rlpipe.rewards import math as _math  # noqa: F401,E402
+
+__all__ = ["VerifyResult", "get_verifier", "register_verifier", "verifier_names"]

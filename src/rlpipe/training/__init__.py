@@ -1,0 +1,1 @@
+"""Models, log-prob computation, supervised and RL updates, checkpoints."""

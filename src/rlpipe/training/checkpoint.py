@@ -1,0 +1,103 @@
+"""Checkpoints: HF-format weights (safetensors) + tokenizer + trainer state, and the weight hash.
+
+The weight hash identifies a policy version everywhere (trajectory rows, the registry, the
+sync check with the generation workers). It is computed from tensors, not files, so the same
+weights hash the same whether they sit in a trainer, in a safetensors file or in vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_STATE = "optimizer.pt"
+
+__all__ = ["file_weights_sha256", "load_checkpoint", "save_checkpoint", "weights_sha256", "rng_state", "set_rng_state"]
+
+
+def weights_sha256(named_tensors: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor, in name order.
+
+    The policy version is this hash of the saved safetensors (see :func:`file_weights_sha256`):
+    HF drops tied copies on save, so hash what was saved, not a live ``state_dict()``.
+    """
+    items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+    h = hashlib.sha256()
+    for name, t in sorted(items, key=lambda kv: kv[0]):
+        t = t.detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def file_weights_sha256(folder: str | Path) -> str:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update(load_file(f))
+    if not tensors:
+        raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
+    return weights_sha256(tensors)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    folder: str | Path,
+    model: Any,
+    tokenizer: Any,
+    trainer_state: dict[str, Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> str:
+    """Write weights, tokenizer and trainer state; returns the weight sha256 of what was written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    digest = file_weights_sha256(folder)
+    state = dict(trainer_state or {})
+    state["weights_sha256"] = digest
+    (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))
+    if optimizer is not None:
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, folder / OPTIMIZER_STATE)
+    return digest
+
+
+def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, trainer_state) from a checkpoint folder or any HF causal-LM folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{folder} is not an HF model folder (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    state_file = folder / TRAINER_STATE
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    return model, tokenizer, state

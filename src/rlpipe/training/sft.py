@@ -1,0 +1,172 @@
+"""Supervised fine-tuning on prompt → solution pairs, with the loss on response tokens only.
+
+Used as the warm-up before RL: it takes a model from chance to a middling accuracy so that
+sampled rewards are not all zero (a start below ~5% sampled accuracy does not recover under
+GRPO; see shared/FACTS-rl-on-cpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rlpipe.config import SFTConfig
+
+IGNORE = -100
+
+__all__ = ["IGNORE", "SFTResult", "collate", "encode_example", "evaluate_accuracy", "render_prompt", "sft_loss", "train_sft"]
+
+
+def render_prompt(tokenizer: Any, prompt: str, chat: bool) -> str:
+    """The text the model sees before its answer: plain text, or the chat template with a generation prompt."""
+    if chat:
+        return tokenizer.apply_chat_template(json.loads(prompt), tokenize=False, add_generation_prompt=True)
+    return prompt
+
+
+def encode_example(tokenizer: Any, prompt_text: str, response: str) -> tuple[list[int], list[int]]:
+    """Token ids of prompt+response+eos and labels with every prompt position set to IGNORE."""
+    p = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p + r, [IGNORE] * len(p) + r
+
+
+def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest example; padding carries no loss and no attention."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (ids, lab) in enumerate(examples):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(lab)] = torch.tensor(lab)
+        attention[i, : len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean next-token cross-entropy over labelled (response) positions.
+
+    logits: (B, T, V) scores for the token after each position; labels: (B, T) target ids at each
+    position, IGNORE where no loss applies (prompt, padding). Position t predicts labels[:, t+1].
+    """
+    shift_logits = logits[:, :-1].reshape(-1, logits.size(-1)).float()
+    shift_labels = labels[:, 1:].reshape(-1)
+    n = int((shift_labels != IGNORE).sum())
+    if n == 0:
+        return logits.sum() * 0.0, {"loss": 0.0, "tokens": 0}
+    loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE, reduction="sum") / n
+    return loss, {"loss": float(loss.detach()), "tokens": n}
+
+
+@torch.no_grad()
+def greedy_answers(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 256) -> list[str]:
+    """Greedy completions (text up to the end token) for rendered prompts."""
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(list(prompts[i : i + batch_size]), return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(model.device) for k, v in enc.items()}
+            gen = model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+            new = gen[:, enc["input_ids"].shape[1] :]
+            out += tokenizer.batch_decode(new, skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return out
+
+
+def evaluate_accuracy(
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], max_new_tokens: int = 8, verifier: str = "exact"
+) -> dict[str, float]:
+    """Share of rows whose greedy answer the verifier accepts (non-ok verdicts count as wrong)."""
+    from rlpipe.rewards import get_verifier
+
+    verify = get_verifier(verifier)
+    prompts = [render_prompt(tokenizer, r["prompt"], r["chat"]) for r in rows]
+    answers = greedy_answers(model, tokenizer, prompts, max_new_tokens)
+    results = [verify(a, r["ground_truth"]) for a, r in zip(answers, rows)]
+    correct = sum(1 for v in results if v.status == "ok" and v.reward == 1.0)
+    return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "not_ok": sum(v.status != "ok" for v in results)}
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    final_loss: float
+    wall_s: float
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    stopped_early: bool = False
+
+
+def train_sft(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    train_rows: Sequence[dict[str, Any]],
+    cfg: SFTConfig,
+    seed: int = 0,
+    eval_fn: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+) -> SFTResult:
+    """AdamW on response tokens; shuffles with ``seed``; periodic validation checks via ``eval_fn``."""
+    if not train_rows:
+        raise ValueError("SFT needs at least one training row (split 'train')")
+    examples = [
+        encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["chat"]), r["ground_truth"])
+        for r in train_rows
+    ]
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    order: list[int] = []
+    result = SFTResult(steps=0, final_loss=math.nan, wall_s=0.0)
+    start = time.perf_counter()
+    ema = None
+    for step in range(1, cfg.steps + 1):
+        if len(order) < cfg.batch_size:
+            epoch = list(range(len(examples)))
+            rng.shuffle(epoch)
+            order += epoch
+        idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = collate([examples[i] for i in idx], tokenizer.pad_token_id)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss, metrics = sft_loss(logits, batch["labels"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        sched.step()
+        ema = metrics["loss"] if ema is None else 0.9 * ema + 0.1 * metrics["loss"]
+        point = {"step": step, "loss": metrics["loss"], "loss_ema": ema, "grad_norm": grad_norm, "lr": sched.get_last_lr()[0]}
+        result.history.append(point)
+        result.steps, result.final_loss = step, ema
+        if log and (step % 10 == 0 or step == cfg.steps):
+            log(step, {k: v for k, v in point.items() if k != "step"})
+        if eval_fn and (step % cfg.eval_every == 0 or step == cfg.steps):
+            ev = eval_fn(model) | {"step": step}
+            result.evals.append(ev)
+            if log:
+                log(step, {"validation_accuracy": ev["accuracy"]})
+            if cfg.stop_at_accuracy is not None and ev["accuracy"] >= cfg.stop_at_accuracy:
+                result.stopped_early = True
+                break
+    result.wall_s = time.perf_counter() - start
+    model.eval()
+    return result

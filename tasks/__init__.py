@@ -1,0 +1,1 @@
+"""Prefect tasks: small I/O adapters (read URI → core function → write URI) with retries/timeouts."""

@@ -1,0 +1,58 @@
+"""Dataset tasks: build or load a prompt set, validate it, and store it under its content version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.data import build_arithmetic, dataset_version, load_prompts, validate_prompts
+from rlpipe.storage.layout import dataset_prefix
+from rlpipe.storage.schemas import PROMPT_SCHEMA
+from rlpipe.storage.store import open_store
+
+
+class DatasetInvalid(ValueError):
+    pass
+
+
+def prepare_dataset_fn(config: RunConfig) -> dict[str, Any]:
+    """Build/load → validate (refuse on any finding) → write the stage once per version."""
+    s = settings()
+    if config.task.dataset == "builtin:arithmetic":
+        table, name = build_arithmetic(config.data), "arithmetic"
+    else:
+        table = load_prompts(config.task.dataset, default_task=config.reward.verifier)
+        name = config.task.dataset.rsplit("/", 1)[-1].split(".")[0]
+    findings = validate_prompts(table)
+    if findings:
+        shown = "\n".join(f"  {f}" for f in findings[:20])
+        more = f"\n  … and {len(findings) - 20} more (run `rlpipe data validate {config.task.dataset}`)" if len(findings) > 20 else ""
+        raise DatasetInvalid(f"{config.task.dataset}: {len(findings)} invalid row(s); nothing was dropped:\n{shown}{more}")
+    version = dataset_version(table)
+    store = open_store(s.resolve_storage_uri(config), s)
+    prefix = dataset_prefix(name, version)
+    if not store.stage_done(prefix):
+        store.write_stage(prefix, [table], meta={"version": version, "source": config.task.dataset}, schema=PROMPT_SCHEMA)
+    splits = table.column("split").to_pylist()
+    return {
+        "name": name,
+        "version": version,
+        "uri": store.url(prefix),
+        "prefix": prefix,
+        "rows": table.num_rows,
+        "train_rows": splits.count("train"),
+        "test_rows": splits.count("test"),
+    }
+
+
+@task(name="prepare-dataset", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
+def prepare_dataset(config: RunConfig) -> dict[str, Any]:
+    ref = prepare_dataset_fn(config)
+    get_run_logger().info(
+        "dataset %s version %s: %d train / %d test rows at %s",
+        ref["name"], ref["version"][:12], ref["train_rows"], ref["test_rows"], ref["uri"],
+    )
+    return ref

@@ -1,0 +1,82 @@
+"""The SFT task: dataset URI in, checkpoint URI + accuracies out."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.storage.layout import checkpoint_prefix
+from rlpipe.storage.schemas import PROMPT_SCHEMA
+from rlpipe.storage.store import open_store
+from rlpipe.training.checkpoint import save_checkpoint
+from rlpipe.training.models import load_model
+from rlpipe.training.sft import evaluate_accuracy, train_sft
+from rlpipe.training.tiny import count_parameters
+
+
+def train_sft_fn(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow_run_id: str | None) -> dict[str, Any]:
+    s = settings()
+    store = open_store(s.resolve_storage_uri(config), s)
+    rows = store.read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
+    train = [r for r in rows if r["split"] == "train"]
+    test = [r for r in rows if r["split"] == "test"]
+    # Early stopping looks at validation, never at test (test is reported, not selected on).
+    validation = [r for r in rows if r["split"] == "validation"] or test
+    torch.manual_seed(config.seed)
+    model, tok, source = load_model(config.task.policy_model, config, s)
+    params = count_parameters(model)
+    tracker = None
+    if mlflow_run_id:
+        from rlpipe.tracking.mlflow_utils import Tracker
+
+        tracker = Tracker(s, config)
+        tracker.log_params(mlflow_run_id, {"model.parameters": params, "model.source": source})
+    logger = get_run_logger()
+    max_new = config.rollout.max_new_tokens
+    probe = validation[: config.sft.eval_size] if config.sft.eval_size else validation
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        if tracker:
+            tracker.log_metrics(mlflow_run_id, {f"sft/{k}": v for k, v in metrics.items()}, step)
+        if "validation_accuracy" in metrics:
+            logger.info("sft step %d/%d: validation accuracy %.3f", step, config.sft.steps, metrics["validation_accuracy"])
+        elif step % 50 == 0:
+            logger.info("sft step %d/%d: loss %.3f", step, config.sft.steps, metrics["loss_ema"])
+
+    before = evaluate_accuracy(model, tok, test, max_new)
+    logger.info("model %s (%d parameters): held-out accuracy before SFT %.3f", source, params, before["accuracy"])
+    result = train_sft(model, tok, train, config.sft, seed=config.seed, eval_fn=lambda m: evaluate_accuracy(m, tok, probe, max_new), log=log)
+    after = evaluate_accuracy(model, tok, test, max_new)
+    with tempfile.TemporaryDirectory() as tmp:
+        digest = save_checkpoint(
+            tmp, model, tok,
+            trainer_state={"kind": "sft", "run_id": run_id, "steps": result.steps, "iteration": 0,
+                           "dataset_version": dataset["version"], "config_fingerprint": config.fingerprint()},
+        )
+        uri = store.upload_dir(tmp, checkpoint_prefix(run_id, "sft"))
+    if tracker:
+        tracker.log_metrics(mlflow_run_id, {"heldout_accuracy": after["accuracy"], "sft/wall_s": result.wall_s}, result.steps)
+    logger.info("SFT done: %d steps in %.1f s, held-out accuracy %.3f → %.3f", result.steps, result.wall_s, before["accuracy"], after["accuracy"])
+    return {
+        "checkpoint_uri": uri,
+        "weights_sha256": digest,
+        "parameters": params,
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "train_wall_s": result.wall_s,
+        "heldout_accuracy_before": before["accuracy"],
+        "heldout_accuracy_after": after["accuracy"],
+        "heldout_n": after["n"],
+        "stopped_early": result.stopped_early,
+    }
+
+
+@task(name="train-sft", cache_policy=NO_CACHE, timeout_seconds=6 * 3600)
+def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow_run_id: str | None) -> dict[str, Any]:
+    # No retries: a rerun retrains from scratch; resuming mid-SFT is not worth the state here.
+    return train_sft_fn(config, dataset, run_id, mlflow_run_id)

@@ -1,0 +1,59 @@
+"""Tracking tasks: the MLflow run of an rlpipe run, and checkpoint registration."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.tracking.mlflow_utils import Tracker
+
+
+@task(name="start-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=120)
+def start_tracking(config: RunConfig, run_id: str, kind: str, dataset_version: str) -> str:
+    return Tracker(settings(), config).start_run(config, run_id, kind, dataset_version)
+
+
+@task(name="register-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=120)
+def register_checkpoint(
+    config: RunConfig,
+    run_id: str,
+    mlflow_run_id: str,
+    checkpoint: dict[str, Any],
+    dataset_version: str,
+    iteration: int,
+    aliases: tuple[str, ...],
+    accuracy: float | None = None,
+) -> dict[str, Any]:
+    """Register a checkpoint; moves ``best`` to it when its held-out accuracy beats the current best."""
+    tracker = Tracker(settings(), config)
+    name = config.registered_model
+    parent = tracker.version_by_alias(name, "latest")
+    extra = {"heldout_accuracy": f"{accuracy:.6f}"} if accuracy is not None else {}
+    mv = tracker.register_checkpoint(
+        name,
+        checkpoint["checkpoint_uri"],
+        mlflow_run_id,
+        rlpipe_run_id=run_id,
+        iteration=iteration,
+        config_fingerprint=config.fingerprint(),
+        dataset_version=dataset_version,
+        weights_sha256=checkpoint["weights_sha256"],
+        parent_version=parent.version if parent else None,
+        aliases=aliases,
+        extra_tags=extra,
+    )
+    if accuracy is not None:
+        best = tracker.version_by_alias(name, "best")
+        best_acc = float(best.tags.get("heldout_accuracy", "-1")) if best else -1.0
+        if accuracy > best_acc:
+            tracker.set_alias(name, "best", mv.version)
+    return asdict(mv)
+
+
+@task(name="end-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=60)
+def end_tracking(config: RunConfig, mlflow_run_id: str, status: str = "FINISHED") -> None:
+    Tracker(settings(), config).end_run(mlflow_run_id, status)
