@@ -67,7 +67,6 @@ def _row_from_json(obj: dict[str, Any], line: int, source: str, default_task: st
     row.setdefault("id", f"{Path(source).stem}-{line}")
     row.setdefault("task", default_task)
     row.setdefault("split", "train")
-    row.setdefault("source", Path(source).name)
     if isinstance(row.get("tests"), (list, dict)):
         row["tests"] = json.dumps(row["tests"], ensure_ascii=False)
     if row.get("ground_truth") is not None and not isinstance(row["ground_truth"], str):

@@ -1,0 +1,94 @@
+"""Session-wide fixtures: an isolated RLPIPE_HOME, one S3 server, one Prefect harness, one tiny model."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+# Before anything imports prefect: its settings are read once.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rlpipe_home(tmp_path_factory) -> Path:
+    """Every test writes under one temporary RLPIPE_HOME, never into the clone."""
+    home = tmp_path_factory.mktemp("rlpipe-home")
+    os.environ["RLPIPE_HOME"] = str(home)
+    os.environ.setdefault("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect-home")))
+    for var in ("RLPIPE_STORAGE_URI", "RLPIPE_TRACKING_URI", "RLPIPE_S3_ENDPOINT_URL"):
+        os.environ.pop(var, None)
+    return home
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """One real SeaweedFS S3 server (auth enforced) on 127.0.0.1 for the whole session."""
+    from tests.helpers.s3server import start_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test API for the session (its start costs ~20 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A small SFT-trained checkpoint in HF format (shared; do not modify)."""
+    from rlpipe.config import RunConfig
+    from rlpipe.data import build_arithmetic
+    from rlpipe.training.checkpoint import save_checkpoint
+    from rlpipe.training.sft import train_sft
+    from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
+
+    cfg = RunConfig.model_validate(
+        {"model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+         "sft": {"steps": 40, "batch_size": 32, "stop_at_accuracy": None}}
+    )
+    rows = [r for r in build_arithmetic(cfg.data).to_pylist() if r["split"] == "train"]
+    tok = build_char_tokenizer()
+    model = build_tiny_model(cfg.model, tok, seed=0)
+    train_sft(model, tok, rows, cfg.sft, seed=0)
+    folder = tmp_path_factory.mktemp("tiny-ckpt")
+    save_checkpoint(folder, model, tok, trainer_state={"kind": "sft"})
+    return folder

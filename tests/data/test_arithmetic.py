@@ -1,0 +1,40 @@
+import pytest
+
+from rlpipe.config import DataConfig
+from rlpipe.data import build_arithmetic, dataset_version, validate_prompts
+
+
+def test_default_family_splits_are_disjoint_and_complete():
+    rows = build_arithmetic(DataConfig()).to_pylist()
+    assert len(rows) == 90 * 90  # every 2-digit pair
+    by_split = {s: {r["prompt"] for r in rows if r["split"] == s} for s in ("train", "validation", "test")}
+    assert len(by_split["test"]) == 500 and len(by_split["validation"]) == 200
+    assert not by_split["train"] & by_split["test"]
+    assert not by_split["train"] & by_split["validation"]
+    assert not by_split["validation"] & by_split["test"]
+    assert validate_prompts(build_arithmetic(DataConfig())) == []
+
+
+@pytest.mark.parametrize(
+    "op,prompt,answer", [("add", "12+34=", "46"), ("sub", "12-34=", "-22"), ("mul", "12*34=", "408")]
+)
+def test_answers_are_correct(op, prompt, answer):
+    rows = {r["prompt"]: r for r in build_arithmetic(DataConfig(operations=[op])).to_pylist()}
+    assert rows[prompt]["ground_truth"] == answer
+    assert rows[prompt]["id"] == f"{op}-12-34" and rows[prompt]["task"] == "math"
+
+
+def test_same_seed_same_version_other_seed_other_version():
+    a = dataset_version(build_arithmetic(DataConfig(seed=0)))
+    assert a == dataset_version(build_arithmetic(DataConfig(seed=0)))
+    assert a != dataset_version(build_arithmetic(DataConfig(seed=1)))
+
+
+def test_large_families_are_sampled_without_overlap():
+    t = build_arithmetic(DataConfig(digits=4, operations=["mul"], train_size=1000, test_size=100, validation_size=0))
+    rows = t.to_pylist()
+    assert len(rows) == 1100 and len({r["prompt"] for r in rows}) == 1100
+    with pytest.raises(ValueError, match="train_size"):
+        build_arithmetic(DataConfig(digits=4))
+    with pytest.raises(ValueError, match="only 100"):
+        build_arithmetic(DataConfig(digits=1, test_size=90, validation_size=20))

@@ -1,0 +1,123 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rlpipe.cli import app
+from rlpipe.config import ConfigError, RunConfig, apply_overrides, load_config, settings
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def problems(path, overrides=None):
+    with pytest.raises(ConfigError) as e:
+        load_config(path, overrides)
+    return dict(e.value.problems)
+
+
+def test_defaults_are_valid_and_fingerprint_is_stable():
+    a, b = RunConfig(), load_config(None)
+    assert a.fingerprint() == b.fingerprint()
+    assert len(a.fingerprint()) == 64
+    assert RunConfig(seed=1).fingerprint() != a.fingerprint()
+
+
+def test_seed_design_config_loads(tmp_path):
+    p = write(tmp_path, """
+task: {name: gsm8k, policy_model: tiny, ref_model: tiny, dataset: builtin:arithmetic}
+reward: {type: rule_based, verifier: math}
+rollout: {engine: vllm, batch_size: 8, samples_per_prompt: 8, max_new_tokens: 6, temperature: 1.0, top_p: 1.0}
+agent: {env: calculator, max_steps_per_episode: 4, episode_timeout_sec: 30}
+train: {algorithm: grpo, lr: 3.0e-5, kl_coef: 0.0, clip_ratio: 0.2, batch_size: 64, micro_batch_size: 16,
+        zero_stage: 1, total_iterations: 20, save_interval: 5}
+storage: {uri: s3://bucket/rlpipe}
+tracking: {experiment: demo}
+seed: 3
+""")
+    cfg = load_config(p)
+    assert cfg.train.zero_stage == 1 and cfg.agent.env == "calculator" and cfg.seed == 3
+    assert cfg.flat()["train.lr"] == 3e-5
+
+
+def test_unknown_keys_are_errors_with_their_path(tmp_path):
+    p = write(tmp_path, "train:\n  learning_rate: 0.1\nrollout:\n  temprature: 1.0\nbogus: 1\n")
+    found = problems(p)
+    assert set(found) == {"train.learning_rate", "rollout.temprature", "bogus"}
+    assert all("unknown key" in m for m in found.values())
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    p = write(tmp_path, """
+rollout: {temperature: -1, top_p: 2}
+train: {lr: 0, zero_stage: 5, batch_size: 8, micro_batch_size: 16}
+data: {operations: [add, pow]}
+reward: {type: magic}
+""")
+    found = problems(p)
+    for key in ("rollout.temperature", "rollout.top_p", "train.lr", "train.zero_stage", "data.operations[1]", "reward.type"):
+        assert key in found, (key, found)
+
+
+def test_micro_batch_larger_than_batch_names_both_fields(tmp_path):
+    p = write(tmp_path, "train: {batch_size: 8, micro_batch_size: 16}\n")
+    found = problems(p)
+    assert "micro_batch_size (16) exceeds batch_size (8)" in found["train"]
+
+
+def test_endpoints_and_credentials_are_refused_in_yaml(tmp_path):
+    p = write(tmp_path, """
+tracking: {uri: "http://mlflow.internal:5000"}
+reward: {endpoint: "https://verifier:8000"}
+storage: {uri: "s3://key:secret@bucket/x"}
+""")
+    found = problems(p)
+    assert "RLPIPE_TRACKING_URI" in found["tracking.uri"]
+    assert "RLPIPE_VERIFIER_URL" in found["reward.endpoint"]
+    assert "credentials" in found["storage.uri"]
+
+
+def test_not_yaml_not_a_mapping_and_missing_file(tmp_path):
+    assert "not valid YAML" in problems(write(tmp_path, "train: [1, 2\n"))[""]
+    assert "mapping" in problems(write(tmp_path, "- 1\n- 2\n"))[""]
+    assert "file not found" in problems(tmp_path / "nope.yaml")[""]
+
+
+def test_overrides_are_typed_and_validated(tmp_path):
+    p = write(tmp_path, "train: {lr: 1.0e-4}\n")
+    cfg = load_config(p, ["train.lr=1e-5", "data.operations=[add, mul]", "agent.env=calc", "seed=7"])
+    assert cfg.train.lr == 1e-5 and cfg.data.operations == ["add", "mul"] and cfg.agent.env == "calc" and cfg.seed == 7
+    assert "train.nope" in problems(p, ["train.nope=1"])
+    with pytest.raises(ConfigError):
+        apply_overrides({}, ["no-equals-sign"])
+    with pytest.raises(ConfigError):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+
+
+def test_settings_come_from_rlpipe_env(tmp_path):
+    s = settings({"RLPIPE_HOME": str(tmp_path), "RLPIPE_TRACKING_URI": "http://mlflow:5000", "AWS_ACCESS_KEY_ID": "k"})
+    assert s.resolve_tracking_uri() == "http://mlflow:5000"
+    assert s.s3_access_key_id == "k"
+    assert s.resolve_storage_uri(RunConfig()) == str((tmp_path / "store").resolve())
+    assert s.resolve_storage_uri(RunConfig.model_validate({"storage": {"uri": "s3://b/p"}})) == "s3://b/p"
+    assert "secret" not in repr(settings({"RLPIPE_S3_SECRET_ACCESS_KEY": "secret"}))
+
+
+def test_cli_config_validate(tmp_path):
+    runner = CliRunner()
+    good = write(tmp_path, "seed: 1\n", "good.yaml")
+    res = runner.invoke(app, ["config", "validate", str(good), "--set", "train.lr=1e-5"])
+    assert res.exit_code == 0 and "fingerprint" in res.output
+    bad = write(tmp_path, "train: {lr: -1, optimiser: adam}\n", "bad.yaml")
+    res = runner.invoke(app, ["config", "validate", str(bad)])
+    assert res.exit_code == 2
+    assert "train.lr" in res.output and "train.optimiser" in res.output and "2 problem(s)" in res.output
+    res = runner.invoke(app, ["config", "schema"])
+    schema = json.loads(res.output)
+    # Every field carries documentation (the Prefect UI form and `config schema` show it).
+    for name, model in schema["$defs"].items():
+        for field, spec in model["properties"].items():
+            assert spec.get("description"), f"{name}.{field} has no description"
