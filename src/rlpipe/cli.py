@@ -155,6 +155,8 @@ def demo(set_: SetOpt = None) -> None:
 
 
 def main() -> None:
+    # Per-shard progress bars of save_pretrained are noise in flow logs.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app()
     except KeyboardInterrupt:

@@ -1,0 +1,51 @@
+import pytest
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.tracking.mlflow_utils import LINEAGE_TAGS, Tracker, mlflow_alias
+from tasks.tracking import register_checkpoint
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLPIPE_HOME", str(tmp_path / "home"))
+    return RunConfig.model_validate({"task": {"name": "lineage"}, "tracking": {"experiment": "lineage-test"}})
+
+
+def ckpt(n):
+    return {"checkpoint_uri": f"/ckpts/{n}", "weights_sha256": f"{n:064x}"}
+
+
+def test_run_params_and_metrics(cfg):
+    tracker = Tracker(settings(), cfg)
+    rid = tracker.start_run(cfg, "run-a", "sft", dataset_version="d" * 64)
+    assert tracker.start_run(cfg, "run-a", "sft") == rid  # resuming finds the same MLflow run
+    tracker.log_metrics(rid, {"loss": 0.5, "nan": float("nan"), "flag": True}, step=3)
+    run = tracker.client.get_run(rid)
+    assert run.data.params["train.lr"] == str(cfg.train.lr)
+    assert run.data.params["config_fingerprint"] == cfg.fingerprint()
+    assert run.data.params["dataset_version"] == "d" * 64
+    assert run.data.metrics == {"loss": 0.5}
+    assert tracker.uri.startswith("sqlite:///") and str(settings().home) in tracker.uri
+
+
+def test_versions_carry_lineage_and_aliases_move(cfg):
+    tracker = Tracker(settings(), cfg)
+    rid = tracker.start_run(cfg, "run-b", "rl")
+    v1 = register_checkpoint.fn(cfg, "run-b", rid, ckpt(1), "d" * 64, 0, ("base", "latest"), accuracy=0.30)
+    v2 = register_checkpoint.fn(cfg, "run-b", rid, ckpt(2), "d" * 64, 5, ("latest",), accuracy=0.55)
+    v3 = register_checkpoint.fn(cfg, "run-b", rid, ckpt(3), "d" * 64, 10, ("latest",), accuracy=0.50)
+    name = cfg.registered_model
+    mv = tracker.client.get_model_version(name, v3["version"])
+    for tag in LINEAGE_TAGS:
+        assert tag in mv.tags
+    assert mv.tags["iteration"] == "10" and mv.tags["run_id"] == "run-b"
+    assert mv.tags["parent_version"] == v2["version"] and v2["tags"]["parent_version"] == v1["version"]
+    assert v1["tags"]["parent_version"] == ""
+    assert mv.tags["weights_sha256"] == f"{3:064x}" and mv.tags["config_fingerprint"] == cfg.fingerprint()
+    assert mv.source == "/ckpts/3"
+    assert tracker.version_by_alias(name, "base").version == v1["version"]
+    assert tracker.version_by_alias(name, "latest").version == v3["version"]
+    # `best` follows held-out accuracy, not recency.
+    assert tracker.version_by_alias(name, "best").version == v2["version"]
+    assert tracker.version_by_alias(name, "nope") is None
+    assert mlflow_alias("latest") == "last" and "last" in tracker.client.get_model_version(name, v3["version"]).aliases

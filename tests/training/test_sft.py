@@ -1,0 +1,82 @@
+import math
+
+import torch
+
+from rlpipe.config import ModelConfig, SFTConfig
+from rlpipe.data import build_arithmetic
+from rlpipe.training.sft import IGNORE, collate, encode_example, evaluate_accuracy, sft_loss, train_sft
+from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
+
+
+def test_prompt_tokens_carry_no_labels():
+    tok = build_char_tokenizer()
+    ids, labels = encode_example(tok, "12+34=", "46")
+    assert len(ids) == 6 + 2 + 1 and ids[-1] == tok.eos_token_id
+    assert labels[:6] == [IGNORE] * 6 and labels[6:] == ids[6:]
+
+
+def test_loss_hand_computed():
+    # Position t predicts the label at t+1. Labels at positions 1 and 2 are scored by the
+    # uniform logits of positions 0 and 1 (V=4): CE = ln 4 each, mean ln 4.
+    V = 4
+    logits = torch.zeros(1, 4, V)
+    logits[0, 2, 1] = 10.0  # position 2 is confident in token 1
+    labels = torch.tensor([[IGNORE, 3, 1, IGNORE]])
+    loss, m = sft_loss(logits, labels)
+    assert m["tokens"] == 2
+    assert math.isclose(float(loss), math.log(4), rel_tol=1e-6)
+    # Only the label at position 3 (=1), scored by position 2: CE = log(1 + 3 e^-10).
+    labels = torch.tensor([[IGNORE, IGNORE, IGNORE, 1]])
+    loss, m = sft_loss(logits, labels)
+    assert m["tokens"] == 1 and math.isclose(float(loss), math.log(1 + 3 * math.exp(-10)), abs_tol=1e-6)
+
+
+def test_prompt_positions_get_no_gradient():
+    tok = build_char_tokenizer()
+    batch = collate([encode_example(tok, "12+34=", "46"), encode_example(tok, "1+2=", "3")], tok.pad_token_id)
+    logits = torch.randn(*batch["input_ids"].shape, len(tok), requires_grad=True)
+    loss, _ = sft_loss(logits, batch["labels"])
+    loss.backward()
+    grad_per_pos = logits.grad.abs().sum(-1)
+    # Position t carries loss for label t+1: prompt positions before the last prompt token and
+    # all padding get exactly zero gradient.
+    assert torch.all(grad_per_pos[0, :5] == 0) and torch.all(grad_per_pos[0, 5:8] > 0)
+    assert torch.all(grad_per_pos[1, :3] == 0) and torch.all(grad_per_pos[1, 3:5] > 0) and torch.all(grad_per_pos[1, 5:] == 0)
+
+
+def test_loss_matches_plain_loop_reference():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 11)
+    labels = torch.randint(0, 11, (3, 7))
+    labels[torch.rand(3, 7) < 0.4] = IGNORE
+    labels[:, 1] = 5  # at least some labelled
+    loss, _ = sft_loss(logits, labels)
+    total, n = 0.0, 0
+    for b in range(3):
+        for t in range(6):
+            y = int(labels[b, t + 1])
+            if y != IGNORE:
+                total += -float(torch.log_softmax(logits[b, t], -1)[y])
+                n += 1
+    assert math.isclose(float(loss), total / n, rel_tol=1e-5)
+
+
+def test_all_ignored_is_zero_not_nan():
+    loss, m = sft_loss(torch.randn(2, 3, 5, requires_grad=True), torch.full((2, 3), IGNORE))
+    assert float(loss) == 0.0 and m["tokens"] == 0
+
+
+def test_short_sft_lowers_loss_and_is_deterministic():
+    tok = build_char_tokenizer()
+    rows = [r for r in build_arithmetic().to_pylist() if r["split"] == "train"][:512]
+    cfg = SFTConfig(steps=30, batch_size=32, lr=2e-3, warmup_steps=5, stop_at_accuracy=None)
+    small = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    runs = []
+    for _ in range(2):
+        model = build_tiny_model(small, tok, seed=0)
+        res = train_sft(model, tok, rows, cfg, seed=0)
+        runs.append(res)
+    assert runs[0].history[-1]["loss"] < runs[0].history[0]["loss"] * 0.6
+    assert [h["loss"] for h in runs[0].history] == [h["loss"] for h in runs[1].history]
+    ev = evaluate_accuracy(model, tok, rows[:16], max_new_tokens=4)
+    assert ev["n"] == 16 and 0.0 <= ev["accuracy"] <= 1.0
