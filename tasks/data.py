@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
@@ -12,13 +12,15 @@ from rlpipe.data import build_arithmetic, dataset_version, load_prompts, validat
 from rlpipe.storage.layout import dataset_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import open_store
+from tasks._log import run_logger
 
 
 class DatasetInvalid(ValueError):
     pass
 
 
-def prepare_dataset_fn(config: RunConfig) -> dict[str, Any]:
+@task(name="prepare-dataset", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
+def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     """Build/load → validate (refuse on any finding) → write the stage once per version."""
     s = settings()
     if config.task.dataset == "builtin:arithmetic":
@@ -37,7 +39,7 @@ def prepare_dataset_fn(config: RunConfig) -> dict[str, Any]:
     if not store.stage_done(prefix):
         store.write_stage(prefix, [table], meta={"version": version, "source": config.task.dataset}, schema=PROMPT_SCHEMA)
     splits = table.column("split").to_pylist()
-    return {
+    ref = {
         "name": name,
         "version": version,
         "uri": store.url(prefix),
@@ -46,12 +48,7 @@ def prepare_dataset_fn(config: RunConfig) -> dict[str, Any]:
         "train_rows": splits.count("train"),
         "test_rows": splits.count("test"),
     }
-
-
-@task(name="prepare-dataset", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
-def prepare_dataset(config: RunConfig) -> dict[str, Any]:
-    ref = prepare_dataset_fn(config)
-    get_run_logger().info(
+    run_logger().info(
         "dataset %s version %s: %d train / %d test rows at %s",
         ref["name"], ref["version"][:12], ref["train_rows"], ref["test_rows"], ref["uri"],
     )

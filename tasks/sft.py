@@ -6,7 +6,7 @@ import tempfile
 from typing import Any
 
 import torch
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
@@ -17,9 +17,13 @@ from rlpipe.training.checkpoint import save_checkpoint
 from rlpipe.training.models import load_model
 from rlpipe.training.sft import evaluate_accuracy, train_sft
 from rlpipe.training.tiny import count_parameters
+from tasks._log import run_logger
 
 
-def train_sft_fn(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow_run_id: str | None) -> dict[str, Any]:
+# No retries: a rerun retrains from scratch; resuming mid-SFT is not worth the state here.
+@task(name="train-sft", cache_policy=NO_CACHE, timeout_seconds=6 * 3600)
+def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow_run_id: str | None) -> dict[str, Any]:
+    """Read the dataset stage, train, evaluate on test, upload the checkpoint; returns its URI and accuracies."""
     s = settings()
     store = open_store(s.resolve_storage_uri(config), s)
     rows = store.read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
@@ -36,7 +40,7 @@ def train_sft_fn(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow
 
         tracker = Tracker(s, config)
         tracker.log_params(mlflow_run_id, {"model.parameters": params, "model.source": source})
-    logger = get_run_logger()
+    logger = run_logger()
     max_new = config.rollout.max_new_tokens
     probe = validation[: config.sft.eval_size] if config.sft.eval_size else validation
 
@@ -75,8 +79,3 @@ def train_sft_fn(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow
         "stopped_early": result.stopped_early,
     }
 
-
-@task(name="train-sft", cache_policy=NO_CACHE, timeout_seconds=6 * 3600)
-def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlflow_run_id: str | None) -> dict[str, Any]:
-    # No retries: a rerun retrains from scratch; resuming mid-SFT is not worth the state here.
-    return train_sft_fn(config, dataset, run_id, mlflow_run_id)
