@@ -1,0 +1,36 @@
+"""Small tensor helpers shared by the losses: masked means, token log-probs, entropy."""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum()
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """Mean of ``x`` where ``mask`` is 1; 0 (not NaN) when the mask is empty."""
+    denom = mask.sum()
+    return (x * mask).sum() / denom.clamp_min(1.0) if eps == 0.0 else (x * mask).sum() / (denom + eps)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log π(target_t | context) for each position.
+
+    logits: (B, T, V) scores for the token at each position; targets: (B, T) token ids.
+    Logits are divided by the sampling temperature so the result matches the sampler's log-probs.
+    """
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.gather(logits.log_softmax(-1), -1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of the next-token distribution at each position: (B, T, V) → (B, T)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = logits.log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
