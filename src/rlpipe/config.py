@@ -151,12 +151,20 @@ class TrainConfig(_Strict):
     algorithm: str = Field("grpo", description="Registered algorithm name (advantage estimator + policy loss).")
     lr: float = Field(3e-5, gt=0, description="Policy learning rate.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference model (0 = none).")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator (Schulman 2020).")
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide group-centred rewards by the group's std.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range ε of the importance ratio.")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
     micro_batch_size: int = Field(16, ge=1, description="Completions per forward/backward (per rank).")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
     total_iterations: int = Field(10, ge=1, description="RL iterations (one Prefect flow run each).")
     save_interval: int = Field(5, ge=1, description="Register a checkpoint every this many iterations.")
+    eval_interval: int = Field(5, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
+    eval_size: int | None = Field(None, ge=1, description="Held-out questions per evaluation; default: the whole test split.")
+
+    def advantage_kwargs(self) -> dict[str, object]:
+        return {"norm_by_std": self.norm_adv_by_std}
 
     @model_validator(mode="after")
     def _micro_fits(self) -> "TrainConfig":

