@@ -57,3 +57,13 @@ def register_checkpoint(
 @task(name="end-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=60)
 def end_tracking(config: RunConfig, mlflow_run_id: str, status: str = "FINISHED") -> None:
     Tracker(settings(), config).end_run(mlflow_run_id, status)
+
+
+@task(name="log-metrics", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=60)
+def log_metrics(config: RunConfig, mlflow_run_id: str, metrics: dict[str, float], step: int) -> None:
+    Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, step)
+
+
+@task(name="log-artifact", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=120)
+def log_artifact(config: RunConfig, mlflow_run_id: str, path: str) -> None:
+    Tracker(settings(), config).log_artifact(mlflow_run_id, path)

@@ -120,6 +120,33 @@ def _run_sft(cfg: RunConfig, run_id: str | None) -> dict:
     return json.loads(Path(path).read_text()) | {"_path": path}
 
 
+def _run_rl(cfg: RunConfig, run_id: str | None) -> dict:
+    _prefect_env()
+    from flows.train import train
+
+    path = train(config=cfg, run_id=run_id or "")
+    return json.loads(Path(path).read_text()) | {"_path": path}
+
+
+@app.command("run")
+def run_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option(help="Start or resume this run.")] = None) -> None:
+    """RL training (one Prefect flow run per iteration); the same --run-id resumes. Prints summary.json's path last."""
+    cfg = _load(config, set_)
+    summary = _run_rl(cfg, run_id)
+    _print_rl(summary)
+    typer.echo(summary["_path"])
+
+
+def _print_rl(summary: dict) -> None:
+    base, final = summary.get("heldout_accuracy_base"), summary.get("heldout_accuracy_final")
+    typer.echo(f"\nrlpipe run {summary['run_id']} — {summary['algorithm']}, {summary['iterations_done']} iterations, {summary['wall_s']:.0f} s")
+    typer.echo(f"  held-out accuracy   base {base:.1%}  →  final {final:.1%}   ({(final - base) * 100:+.1f} points, n={summary['heldout_n']})")
+    st = summary["stage_seconds"]
+    typer.echo("  seconds by stage    " + ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in st.items()))
+    typer.echo(f"  per iteration       {summary['iteration_seconds_mean']:.2f} s; outside generate/verify/update: {summary['overhead_share']:.0%}")
+    typer.echo(f"  reward curve        {summary['reward_curve_png']}")
+
+
 @app.command("sft")
 def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None) -> None:
     """Supervised warm-up of the policy; registers it as `base`. Prints summary.json's path last."""
@@ -129,13 +156,31 @@ def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Opt
 
 
 @app.command("demo")
-def demo(set_: SetOpt = None) -> None:
-    """Build the arithmetic data, train and register the tiny base model, report held-out accuracy."""
-    from rlpipe.tracking.mlflow_utils import mlflow_ui_command
+def demo(set_: SetOpt = None, sft_only: Annotated[bool, typer.Option(help="Stop after the base model.")] = False) -> None:
+    """Data → SFT base model (once) → GRPO; prints accuracy before/after, a reward curve and where to look."""
+    from rlpipe.tracking.mlflow_utils import Tracker, mlflow_ui_command
 
     cfg = _load(None, set_)
-    summary = _run_sft(cfg, None)
     s = settings()
+    base = Tracker(s, cfg).version_by_alias(cfg.registered_model, "base")
+    if base is None or base.tags.get("config_fingerprint") != cfg.fingerprint():
+        _demo_sft(cfg, s)
+    else:
+        typer.echo(f"base model: {cfg.registered_model} v{base.version} (registered earlier; `rm -r {s.home}` to retrain)")
+    if sft_only:
+        return
+    rl_cfg = cfg.model_copy(deep=True)
+    rl_cfg.task.policy_model = f"models:/{cfg.registered_model}@base"
+    summary = _run_rl(rl_cfg, None)
+    _print_rl(summary)
+    typer.echo(f"\nBrowse the runs:\n  MLflow:  {mlflow_ui_command(s)}   # then http://127.0.0.1:5000")
+    typer.echo("  Prefect: prefect server start   # then http://127.0.0.1:4200 (flow runs rl-train and rl-iteration)")
+    typer.echo(summary["_path"])
+
+
+def _demo_sft(cfg: RunConfig, s) -> None:
+
+    summary = _run_sft(cfg, None)
     rows = [
         ("model parameters", f"{summary['model_parameters']:,}"),
         ("SFT steps / time", f"{summary['sft_steps']} / {summary['sft_train_s']:.1f} s"),
@@ -150,8 +195,7 @@ def demo(set_: SetOpt = None) -> None:
     typer.echo("\nrlpipe demo — base model")
     for k, v in rows:
         typer.echo(f"  {k:<{width}}  {v}")
-    typer.echo(f"\nBrowse the run in MLflow:\n  {mlflow_ui_command(s)}   # then http://127.0.0.1:5000")
-    typer.echo(summary["_path"])
+    typer.echo(f"  summary: {summary['_path']}")
 
 
 def main() -> None:

@@ -120,6 +120,9 @@ class RewardConfig(_Strict):
         "rule_based", description="rule_based: verifiers score answers; model_based: a reward model does."
     )
     verifier: str = Field("math", description="Verifier name for rule_based rewards (e.g. math, code, format).")
+    workers: int = Field(2, ge=1, le=64, description="Verifier worker processes (bounded concurrency).")
+    timeout_s: float = Field(5.0, gt=0, description="Hard wall-clock limit per sample; a hung worker is killed and the sample gets status 'timeout'.")
+    plugins: list[str] = Field(default_factory=list, description="Python modules imported in verifier workers to register extra verifiers.")
     endpoint: str | None = Field(
         None,
         description="Verifier/reward-model service; set RLPIPE_VERIFIER_URL / RLPIPE_REWARD_MODEL_URL instead. "

@@ -65,9 +65,11 @@ def init_distributed() -> tuple[int, int]:
     import deepspeed
     import torch.distributed as dist
 
+    # Also when torch.distributed is already up (an in-process vLLM engine starts a 1-process
+    # group): DeepSpeed still insists on LOCAL_RANK.
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(k, v)
     if not dist.is_initialized():
-        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(k, v)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()

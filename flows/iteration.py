@@ -1,0 +1,85 @@
+"""One RL iteration as its own Prefect flow run: rollout → verify → update → register → sync."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow
+
+from rlpipe.config import RunConfig
+from tasks._log import run_logger
+from tasks.rl import evaluate, read_progress, rollout, sync_weights, update, upload_checkpoint, verify, write_progress
+from tasks.tracking import log_metrics, register_checkpoint
+
+
+def _due(iteration: int, every: int, last: int) -> bool:
+    return (iteration + 1) % every == 0 or iteration == last
+
+
+@flow(name="rl-iteration", flow_run_name="{run_id}-iter-{iteration}")
+def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str, dataset_version: str) -> dict[str, Any]:
+    start = time.perf_counter()
+    last = config.train.total_iterations - 1
+    r = rollout(config, run_id, iteration)
+    v = verify(config, run_id, iteration, r)
+    u = update(config, run_id, iteration, v)
+    s = sync_weights(config, run_id, iteration, u)
+    ev = evaluate(config, run_id) if _due(iteration, config.train.eval_interval, last) else None
+    registered = None
+    if _due(iteration, config.train.save_interval, last):
+        ck = upload_checkpoint(config, run_id, iteration, u)
+        registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
+                                         aliases=("latest",), accuracy=ev["accuracy"] if ev else None)
+    wall = time.perf_counter() - start
+    stages = {
+        "generate_s": 0.0 if r["reused"] else r["generate_s"],
+        "verify_s": 0.0 if v["reused"] else v["verify_s"],
+        "update_s": u["update_s"],
+        "sync_s": s["sync_s"],
+        "eval_s": ev["eval_s"] if ev else 0.0,
+    }
+    # What is not generation, scoring or the optimizer (or the optional evaluation): orchestration,
+    # storage, checkpoint saves, sync, logging.
+    overhead = wall - stages["generate_s"] - stages["verify_s"] - stages["update_s"] - stages["eval_s"]
+    metrics = (
+        {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
+        | {k: v[k] for k in v if k.startswith("status_")}
+        | {k: u["metrics"][k] for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "samples_excluded", "optimizer_steps") if k in u["metrics"]}
+        | {f"time/{k}": val for k, val in stages.items()}
+        | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),
+           "time/save_s": u["save_s"],
+           "throughput/generate_tokens_per_s": r.get("generate_tokens_per_s", 0.0),
+           "throughput/verify_per_s": v.get("verify_per_s", 0.0),
+           "throughput/train_tokens_per_s": u["train_tokens_per_s"],
+           "alerts": float(len(v.get("alerts", [])))}
+    )
+    if ev:
+        metrics["heldout_accuracy"] = ev["accuracy"]
+    log_metrics(config, mlflow_run_id, metrics, iteration)
+    progress = read_progress(run_id) or {}
+    history = [h for h in progress.get("history", []) if h["iteration"] < iteration]
+    history.append({"iteration": iteration} | metrics)
+    write_progress(run_id, progress | {
+        "completed_iteration": iteration, "resume_dir": u["state_dir"], "weights_sha256": u["weights_sha256"],
+        "history": history, "last_registered": registered["version"] if registered else progress.get("last_registered"),
+        "final_accuracy": ev["accuracy"] if ev else progress.get("final_accuracy"),
+    })
+    _prune_states(run_id, keep=u["state_dir"])
+    run_logger().info(
+        "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",
+        iteration, metrics["reward_mean"], metrics["accuracy"],
+        f", held-out {ev['accuracy']:.3f}" if ev else "", metrics.get("loss", float("nan")), wall,
+        100 * metrics["time/overhead_share"],
+    )
+    return {"iteration": iteration, "metrics": metrics, "registered": registered}
+
+
+def _prune_states(run_id: str, keep: str) -> None:
+    import shutil
+
+    from tasks.rl import run_dir
+
+    for d in (run_dir(run_id) / "state").glob("iter=*"):
+        if str(d) != keep:
+            shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""Rollout batches as trajectory tables: prompt selection (the data cursor), sampling, scoring, metrics."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from rlpipe.rewards.pool import VerifierPool, VerifyItem
+from rlpipe.rollout.base import RolloutEngine, SamplingConfig
+from rlpipe.storage.schemas import REWARD_STATUSES, TRAJECTORY_SCHEMA
+from rlpipe.training.sft import render_prompt
+from rlpipe.training.trainer import Sample
+
+__all__ = ["batch_metrics", "generate_table", "score_table", "select_prompts", "table_to_samples"]
+
+
+def select_prompts(rows: Sequence[dict[str, Any]], iteration: int, batch_size: int, seed: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The prompts of an iteration: consecutive slices of a seeded per-epoch permutation.
+
+    The cursor is a function of the iteration, so a resumed run draws exactly what the
+    uninterrupted run would have drawn. Returns (rows, cursor).
+    """
+    if not rows:
+        raise ValueError("no training prompts (split 'train')")
+    n = len(rows)
+    start = iteration * batch_size
+    picked: list[dict[str, Any]] = []
+    epoch, offset = divmod(start, n)
+    while len(picked) < batch_size:
+        order = list(range(n))
+        random.Random(seed * 7919 + epoch).shuffle(order)
+        take = order[offset : offset + batch_size - len(picked)]
+        picked += [rows[i] for i in take]
+        epoch, offset = epoch + 1, 0
+    e, o = divmod(start, n)
+    return picked, {"epoch": e, "offset": o}
+
+
+def generate_table(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    prompts: Sequence[dict[str, Any]],
+    sampling: SamplingConfig,
+    run_id: str,
+    iteration: int,
+) -> tuple[pa.Table, dict[str, float]]:
+    """Sample ``sampling.n`` completions per prompt; rows carry the policy version that sampled them."""
+    token_prompts = [
+        tokenizer(render_prompt(tokenizer, p["prompt"], p["chat"]), add_special_tokens=False)["input_ids"] for p in prompts
+    ]
+    start = time.perf_counter()
+    outs = engine.generate(token_prompts, sampling)
+    gen_s = time.perf_counter() - start
+    version = engine.weights_sha256()
+    rows = []
+    per_sample = gen_s / max(1, len(prompts) * sampling.n)
+    for p, ids, comps in zip(prompts, token_prompts, outs):
+        for j, c in enumerate(comps):
+            rows.append({
+                "run_id": run_id, "iteration": iteration, "prompt_id": p["id"], "sample_index": j,
+                "policy_version": version, "prompt_token_ids": ids, "response_token_ids": c.token_ids,
+                "response_text": c.text, "logprobs": c.logprobs, "loss_mask": [1] * len(c.token_ids), "steps": None,
+                "reward": None, "reward_status": "skipped", "reward_reason": "not scored yet",
+                "verifier": p["task"], "verifier_version": None, "truncated": c.finish_reason == "length",
+                "generate_s": per_sample, "verify_s": None,
+            })
+    table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+    tokens = sum(len(r["response_token_ids"]) for r in rows)
+    return table, {"generate_s": gen_s, "response_tokens": tokens, "generate_tokens_per_s": tokens / max(gen_s, 1e-9)}
+
+
+def score_table(pool: VerifierPool, table: pa.Table, ground_truth: dict[str, str | None]) -> tuple[pa.Table, dict[str, float]]:
+    """Fill reward/status/reason with the verifiers' verdicts (non-ok verdicts keep reward null)."""
+    from rlpipe.rewards import get_verifier
+
+    rows = table.to_pylist()
+    items = [VerifyItem(r["verifier"], r["response_text"] or "", ground_truth.get(r["prompt_id"])) for r in rows]
+    start = time.perf_counter()
+    verdicts = pool.score(items)
+    verify_s = time.perf_counter() - start
+    per = verify_s / max(1, len(rows))
+    for r, v in zip(rows, verdicts):
+        r["reward"] = v.reward if v.status == "ok" else None
+        r["reward_status"] = v.status
+        r["reward_reason"] = v.reason or None
+        try:
+            r["verifier_version"] = get_verifier(r["verifier"]).version
+        except KeyError:
+            r["verifier_version"] = None
+        r["verify_s"] = per
+    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), {"verify_s": verify_s, "verify_per_s": len(rows) / max(verify_s, 1e-9)}
+
+
+def table_to_samples(table: pa.Table) -> list[Sample]:
+    groups: dict[str, int] = {}
+    out = []
+    for r in table.to_pylist():
+        g = groups.setdefault(r["prompt_id"], len(groups))
+        out.append(Sample(r["prompt_token_ids"], r["response_token_ids"], r["logprobs"],
+                          r["reward"] if r["reward_status"] == "ok" else None, g, r["loss_mask"]))
+    return out
+
+
+def batch_metrics(table: pa.Table) -> tuple[dict[str, float], list[str]]:
+    """Reward statistics, status shares and response lengths of a scored batch, plus alerts."""
+    rows = table.to_pylist()
+    n = max(len(rows), 1)
+    ok = [r["reward"] for r in rows if r["reward_status"] == "ok"]
+    metrics: dict[str, float] = {f"status_{s}": sum(r["reward_status"] == s for r in rows) / n for s in REWARD_STATUSES}
+    metrics |= {
+        "reward_mean": statistics.fmean(ok) if ok else float("nan"),
+        "reward_std": statistics.pstdev(ok) if len(ok) > 1 else 0.0,
+        "accuracy": sum(1 for x in ok if x == 1.0) / n,
+        "response_length_mean": statistics.fmean(len(r["response_token_ids"]) for r in rows) if rows else 0.0,
+        "truncated_share": sum(bool(r["truncated"]) for r in rows) / n,
+    }
+    alerts = []
+    if ok and len(set(ok)) == 1:
+        alerts.append(f"all {len(ok)} scored rewards equal {ok[0]:g}: no learning signal in this batch")
+    if rows and len(ok) < 0.5 * len(rows):
+        alerts.append(f"only {len(ok)}/{len(rows)} samples could be scored (see status_* metrics)")
+    return metrics, alerts

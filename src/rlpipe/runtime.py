@@ -1,0 +1,48 @@
+"""The long-lived services of a run inside this process: engine, trainer, verifier pool, prompts.
+
+The train flow starts them once; the tasks of every iteration look them up by run id. What
+passes between tasks stays small (URIs and summaries); the services hold the heavy state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunServices", "register_services", "services", "stop_services"]
+
+
+@dataclass
+class RunServices:
+    run_id: str
+    engine: Any
+    trainer: Any
+    pool: Any
+    tokenizer: Any
+    train_rows: list[dict[str, Any]]
+    test_rows: list[dict[str, Any]]
+    ground_truth: dict[str, str | None]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+_SERVICES: dict[str, RunServices] = {}
+
+
+def register_services(s: RunServices) -> None:
+    _SERVICES[s.run_id] = s
+
+
+def services(run_id: str) -> RunServices:
+    try:
+        return _SERVICES[run_id]
+    except KeyError:
+        raise RuntimeError(
+            f"the services of run {run_id!r} are not running in this process; the train flow starts them "
+            "(run `rlpipe run`, or the `train` deployment)"
+        ) from None
+
+
+def stop_services(run_id: str) -> None:
+    s = _SERVICES.pop(run_id, None)
+    if s is not None and s.pool is not None:
+        s.pool.close()

@@ -1,0 +1,204 @@
+"""The tasks of one RL iteration: rollout → verify → update → register → sync (+ evaluate).
+
+Each task reads and writes through the store and returns a small dict. A stage whose manifest
+exists is not redone, so a resumed iteration skips what it finished and redoes what it did not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.rewards.pool import VerifierPool, VerifyItem
+from rlpipe.rollout.base import SamplingConfig, WeightSyncError
+from rlpipe.rollout.batch import batch_metrics, generate_table, score_table, select_prompts, table_to_samples
+from rlpipe.rollout.engines import get_engine
+from rlpipe.runtime import RunServices, register_services, services
+from rlpipe.storage.layout import checkpoint_prefix, stage_prefix
+from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
+from rlpipe.storage.store import open_store
+from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.training.sft import render_prompt
+from tasks._log import run_logger
+
+
+def _store(config: RunConfig):
+    s = settings()
+    return open_store(s.resolve_storage_uri(config), s)
+
+
+def fault_point(iteration: int, stage: str) -> None:
+    """Test hook: ``RLPIPE_FAULT=<iteration>:<stage>`` SIGKILLs this process right after that stage."""
+    if os.environ.get("RLPIPE_FAULT") == f"{iteration}:{stage}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- run state on local disk -------------------------------------------------------------------
+def run_dir(run_id: str) -> Path:
+    return settings().run_dir(run_id)
+
+
+def read_progress(run_id: str) -> dict[str, Any] | None:
+    p = run_dir(run_id) / "progress.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def write_progress(run_id: str, progress: dict[str, Any]) -> None:
+    p = run_dir(run_id) / "progress.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(progress, indent=2, sort_keys=True))
+    os.replace(tmp, p)
+
+
+def state_dir(run_id: str, iteration: int) -> Path:
+    return run_dir(run_id) / "state" / f"iter={iteration}"
+
+
+# -- services ---------------------------------------------------------------------------------
+@task(name="start-services", cache_policy=NO_CACHE, timeout_seconds=900)
+def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], model_dir: str, resume_dir: str | None) -> dict[str, Any]:
+    """Start (or reuse) the rollout engine, the trainer and the verifier pool for this run."""
+    from rlpipe.training.trainer import PolicyTrainer
+
+    log = run_logger()
+    rows = _store(config).read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
+    train = [r for r in rows if r["split"] == "train"]
+    test = [r for r in rows if r["split"] == "test"]
+    if config.train.eval_size:
+        test = test[: config.train.eval_size]
+    start = time.perf_counter()
+    policy_dir = resume_dir or model_dir
+    max_len = max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
+    engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
+    engine_s = time.perf_counter() - start
+    trainer = PolicyTrainer(
+        model_dir=model_dir, cfg=config.train, temperature=config.rollout.temperature or 1.0, seed=config.seed,
+        ref_model_dir=config.task.ref_model, resume_dir=resume_dir,
+    )
+    expected = file_weights_sha256(policy_dir)
+    if engine.weights_sha256() != expected:
+        raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
+    pool = VerifierPool(workers=config.reward.workers, timeout_s=config.reward.timeout_s, plugins=tuple(config.reward.plugins))
+    register_services(RunServices(
+        run_id=run_id, engine=engine, trainer=trainer, pool=pool, tokenizer=trainer.tokenizer,
+        train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] for r in rows},
+    ))
+    log.info("services up in %.1f s (engine %s %.1f s, %d verifier workers); policy %s",
+             time.perf_counter() - start, engine.name, engine_s, pool.size, expected[:12])
+    return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start}
+
+
+# -- the iteration's stages -------------------------------------------------------------------
+@task(name="rollout", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
+def rollout(config: RunConfig, run_id: str, iteration: int) -> dict[str, Any]:
+    store = _store(config)
+    prefix = stage_prefix(run_id, iteration, "rollout")
+    if store.stage_done(prefix):
+        return store.read_manifest(prefix)["meta"] | {"prefix": prefix, "reused": True}
+    svc = services(run_id)
+    prompts, cursor = select_prompts(svc.train_rows, iteration, config.rollout.batch_size, config.seed)
+    sampling = SamplingConfig(
+        n=config.rollout.samples_per_prompt, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
+        max_new_tokens=config.rollout.max_new_tokens, seed=config.seed * 1_000_003 + iteration * 10_007,
+    )
+    table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
+    meta = stats | {"rows": table.num_rows, "cursor": cursor, "policy_version": svc.engine.weights_sha256()}
+    start = time.perf_counter()
+    store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
+    meta["write_s"] = time.perf_counter() - start
+    fault_point(iteration, "rollout")
+    return meta | {"prefix": prefix, "reused": False}
+
+
+@task(name="verify", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
+def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any]) -> dict[str, Any]:
+    store = _store(config)
+    prefix = stage_prefix(run_id, iteration, "verify")
+    if store.stage_done(prefix):
+        return store.read_manifest(prefix)["meta"] | {"prefix": prefix, "reused": True}
+    svc = services(run_id)
+    start = time.perf_counter()
+    table = store.read_stage(rollout_ref["prefix"], schema=TRAJECTORY_SCHEMA)
+    read_s = time.perf_counter() - start
+    scored, stats = score_table(svc.pool, table, svc.ground_truth)
+    metrics, alerts = batch_metrics(scored)
+    for a in alerts:
+        run_logger().warning("ALERT iteration %d: %s", iteration, a)
+    meta = stats | metrics | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s}
+    start = time.perf_counter()
+    store.write_stage(prefix, [scored], meta=meta, schema=TRAJECTORY_SCHEMA)
+    meta["write_s"] = time.perf_counter() - start
+    fault_point(iteration, "verify")
+    return meta | {"prefix": prefix, "reused": False}
+
+
+# No retries: an update that failed half-way has touched the optimizer; the run resumes from the
+# last saved state instead.
+@task(name="update", cache_policy=NO_CACHE, timeout_seconds=3600)
+def update(config: RunConfig, run_id: str, iteration: int, verify_ref: dict[str, Any]) -> dict[str, Any]:
+    svc = services(run_id)
+    store = _store(config)
+    start = time.perf_counter()
+    table = store.read_stage(verify_ref["prefix"], schema=TRAJECTORY_SCHEMA)
+    read_s = time.perf_counter() - start
+    start = time.perf_counter()
+    metrics = svc.trainer.update(table_to_samples(table), iteration)
+    update_s = time.perf_counter() - start
+    start = time.perf_counter()
+    folder = state_dir(run_id, iteration)
+    if folder.exists():
+        shutil.rmtree(folder)
+    digest = svc.trainer.save(folder, extra_state={"iteration": iteration, "run_id": run_id,
+                                                   "config_fingerprint": config.fingerprint()})
+    save_s = time.perf_counter() - start
+    fault_point(iteration, "update")
+    return {"metrics": metrics, "update_s": update_s, "save_s": save_s, "read_s": read_s,
+            "state_dir": str(folder), "weights_sha256": digest,
+            "train_tokens_per_s": metrics.get("tokens", 0.0) / max(update_s, 1e-9)}
+
+
+@task(name="sync-weights", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=600)
+def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dict[str, Any]) -> dict[str, Any]:
+    """Reload the trained weights into the engine in place; the engine's hash must equal the trainer's."""
+    svc = services(run_id)
+    start = time.perf_counter()
+    held = svc.engine.load_weights(update_ref["state_dir"])
+    if held != update_ref["weights_sha256"]:
+        raise WeightSyncError(
+            f"iteration {iteration}: engine {svc.engine.name} holds {held[:12]} after reload, trainer exported "
+            f"{update_ref['weights_sha256'][:12]}"
+        )
+    return {"sync_s": time.perf_counter() - start, "policy_version": held}
+
+
+@task(name="evaluate", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
+def evaluate(config: RunConfig, run_id: str) -> dict[str, Any]:
+    """Greedy held-out accuracy of the policy the engine holds now (verdicts from the verifier pool)."""
+    svc = services(run_id)
+    start = time.perf_counter()
+    rows = svc.test_rows
+    prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
+               for r in rows]
+    outs = svc.engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens))
+    verdicts = svc.pool.score([VerifyItem(r["task"], o[0].text, r["ground_truth"]) for r, o in zip(rows, outs)])
+    correct = sum(1 for v in verdicts if v.status == "ok" and v.reward == 1.0)
+    return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "eval_s": time.perf_counter() - start,
+            "policy_version": svc.engine.weights_sha256()}
+
+
+@task(name="upload-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
+def upload_checkpoint(config: RunConfig, run_id: str, iteration: int, update_ref: dict[str, Any]) -> dict[str, Any]:
+    """Copy the iteration's full checkpoint (weights, tokenizer, optimizer, RNG, cursor) to the store."""
+    store = _store(config)
+    uri = store.upload_dir(update_ref["state_dir"], checkpoint_prefix(run_id, f"iter={iteration}"))
+    return {"checkpoint_uri": uri, "weights_sha256": update_ref["weights_sha256"]}
