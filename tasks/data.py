@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from prefect import task
@@ -23,6 +24,8 @@ class DatasetInvalid(ValueError):
 def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     """Build/load → validate (refuse on any finding) → write the stage once per version."""
     s = settings()
+    for module in config.reward.plugins:  # extra verifiers: the prompt rows may name them
+        importlib.import_module(module)
     if config.task.dataset == "builtin:arithmetic":
         table, name = build_arithmetic(config.data), "arithmetic"
     else:

@@ -20,3 +20,9 @@ def crashy(response: str, ground_truth: str | None) -> VerifyResult:
     if response == "raise":
         raise RuntimeError("verifier bug")
     return VerifyResult(0.0, "ok")
+
+
+@register_verifier("test_even", version="1")
+def even_length(response: str, ground_truth: str | None) -> VerifyResult:
+    """A reward any policy can earn: 1 when the response has an even number of characters."""
+    return VerifyResult(float(len(response) % 2 == 0), "ok")

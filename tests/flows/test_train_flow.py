@@ -1,0 +1,123 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlpipe.cli import app
+from rlpipe.config import load_config, settings
+from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
+from rlpipe.storage.layout import stage_prefix
+from rlpipe.tracking.mlflow_utils import Tracker
+from rlpipe.training.checkpoint import file_weights_sha256
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def even_task(tmp_path_factory) -> Path:
+    """Arithmetic prompts scored by a plugin verifier any policy can earn reward from (1 for an even
+    response length), so that even a barely trained model gets a learning signal."""
+    from rlpipe.data import build_arithmetic
+    from rlpipe.config import DataConfig
+
+    path = tmp_path_factory.mktemp("even") / "even.jsonl"
+    rows = build_arithmetic(DataConfig(test_size=40, validation_size=0)).to_pylist()
+    path.write_text("\n".join(json.dumps(r | {"task": "test_even"}) for r in [r for r in rows if r["split"] == "train"][:400] + [r for r in rows if r["split"] == "test"]))
+    return path
+
+
+def rl_overrides(base: Path, name: str, engine: str, data: Path, iterations: int = 2) -> list[str]:
+    return [
+        f"task.policy_model={base}", f"task.dataset={data}", "reward.plugins=[tests.helpers.slow_verifiers]", f"task.name={name}", f"tracking.experiment={name}", f"rollout.engine={engine}",
+        "rollout.batch_size=4", "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=6", "train.batch_size=8", "train.micro_batch_size=4", f"train.total_iterations={iterations}",
+        "train.save_interval=1", "train.eval_interval=1", "train.lr=1e-4", "reward.workers=1",
+    ]
+
+
+def invoke(args: list[str]) -> dict:
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output[-4000:]
+    return json.loads(Path(res.stdout.strip().splitlines()[-1]).read_text())
+
+
+def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, even_task):
+    sets = rl_overrides(tiny_checkpoint, "rle2e", "vllm", even_task)
+    args = ["run", "--run-id", "rl-e2e"] + [x for s in sets for x in ("--set", s)]
+    summary = invoke(args)
+    assert summary["iterations_done"] == 2 and summary["engine"] == "vllm" and summary["heldout_n"] == 40
+    assert 0.0 <= summary["heldout_accuracy_base"] <= 1.0 and summary["heldout_accuracy_final"] is not None
+    assert set(summary["stage_seconds"]) >= {"generate_s", "verify_s", "update_s", "sync_s", "overhead_s"}
+    assert Path(summary["reward_curve_png"]).stat().st_size > 1000
+
+    store = open_store()
+    base_sha = file_weights_sha256(tiny_checkpoint)
+    cfg = load_config(None, sets)
+    tracker = Tracker(settings(), cfg)
+    versions = {int(mv.tags["iteration"]): mv for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'")}
+    assert sorted(versions) == [0, 1]
+    for k in (0, 1):
+        table = store.read_stage(stage_prefix("rl-e2e", k, "verify"), schema=TRAJECTORY_SCHEMA)
+        rows = table.to_pylist()
+        assert len(rows) == 16 and {r["sample_index"] for r in rows} == {0, 1, 2, 3}
+        assert all(r["reward_status"] == "ok" and r["verifier"] == "test_even" for r in rows)
+        assert all(len(r["logprobs"]) == len(r["response_token_ids"]) for r in rows)
+        # Each batch was sampled by the policy the previous update produced (weights synced, hash-checked).
+        expected = base_sha if k == 0 else versions[0].tags["weights_sha256"]
+        assert {r["policy_version"] for r in rows} == {expected}
+    assert versions[1].tags["parent_version"] == str(versions[0].version)
+    assert tracker.version_by_alias(cfg.registered_model, "latest").version == str(versions[1].version)
+    assert versions[1].tags["weights_sha256"] == summary["final_policy_version"] != base_sha
+    run = tracker.client.get_run(summary["mlflow_run_id"])
+    for key in ("reward_mean", "reward_std", "accuracy", "status_ok", "status_timeout", "kl", "entropy", "clip_frac",
+                "grad_norm", "response_length_mean", "time/generate_s", "time/update_s", "time/overhead_share",
+                "throughput/generate_tokens_per_s", "heldout_accuracy"):
+        assert key in run.data.metrics, key
+    assert [m.step for m in tracker.client.get_metric_history(run.info.run_id, "reward_mean")] == [0, 1]
+
+
+def _cli(args: list[str], env_extra: dict[str, str], api_url: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"PREFECT_API_URL": api_url, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | env_extra
+    code = "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_resume_after_kill_gives_the_same_run(prefect_harness, tiny_checkpoint, even_task):
+    """A run SIGKILLed mid-iteration resumes from its last completed iteration with identical state."""
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    sets = [x for s in rl_overrides(tiny_checkpoint, "rlresume", "hf", even_task, iterations=3) for x in ("--set", s)]
+    ref = _cli(["run", "--run-id", "rl-ref", *sets], {}, api)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    killed = _cli(["run", "--run-id", "rl-killed", *sets], {"RLPIPE_FAULT": "1:rollout"}, api)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    progress = json.loads((settings().run_dir("rl-killed") / "progress.json").read_text())
+    assert progress["completed_iteration"] == 0
+    store = open_store()
+    assert store.stage_done(stage_prefix("rl-killed", 1, "rollout"))
+    assert not store.stage_done(stage_prefix("rl-killed", 1, "verify"))
+    written = store.read_manifest(stage_prefix("rl-killed", 1, "rollout"))["written_at"]
+
+    resumed = _cli(["run", "--run-id", "rl-killed", *sets], {}, api)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert store.read_manifest(stage_prefix("rl-killed", 1, "rollout"))["written_at"] == written  # reused, not redone
+
+    a = json.loads((settings().run_dir("rl-ref") / "summary.json").read_text())
+    b = json.loads((settings().run_dir("rl-killed") / "summary.json").read_text())
+    assert a["iterations_done"] == b["iterations_done"] == 3
+    assert a["final_policy_version"] == b["final_policy_version"]  # same weights, bit for bit
+    ha = json.loads((settings().run_dir("rl-ref") / "progress.json").read_text())["history"]
+    hb = json.loads((settings().run_dir("rl-killed") / "progress.json").read_text())["history"]
+    assert [h["reward_mean"] for h in ha] == [h["reward_mean"] for h in hb]
+    assert [h["loss"] for h in ha] == [h["loss"] for h in hb]
+
+    # Running a finished run again changes nothing.
+    again = _cli(["run", "--run-id", "rl-ref", *sets], {}, api)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((settings().run_dir("rl-ref") / "summary.json").read_text())["final_policy_version"] == a["final_policy_version"]

@@ -1,0 +1,43 @@
+"""One trainer update on a fixed batch; run alone or under torchrun. Writes the updated weights."""
+
+import argparse
+import json
+import random
+import sys
+
+import torch
+
+from rlpipe.config import TrainConfig
+from rlpipe.training.trainer import PolicyTrainer, Sample
+
+
+def fixed_batch(n: int = 48) -> list[Sample]:
+    rng = random.Random(123)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(5, 90) for _ in range(rng.randint(3, 7))]
+        resp = [rng.randrange(5, 90) for _ in range(rng.randint(1, 5))]
+        reward = None if i % 11 == 5 else float(rng.random() < 0.5)
+        out.append(Sample(prompt, resp, [rng.uniform(-3, -0.1) for _ in resp], reward, i // 6))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--zero", type=int, default=0)
+    ap.add_argument("--kl", type=float, default=0.0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = TrainConfig(batch_size=16, micro_batch_size=4, zero_stage=a.zero, lr=1e-3, kl_coef=a.kl)
+    trainer = PolicyTrainer(model_dir=a.model, cfg=cfg, seed=0)
+    metrics = trainer.update(fixed_batch(), iteration=0)
+    digest = trainer.export_weights(a.out)
+    if trainer.rank == 0:
+        json.dump({"metrics": metrics, "sha": digest, "world": trainer.world}, open(f"{a.out}/metrics.json", "w"))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
