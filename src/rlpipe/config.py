@@ -137,7 +137,7 @@ class RewardConfig(_Strict):
 
 class RolloutConfig(_Strict):
     engine: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM, or HF generate (fallback).")
-    batch_size: int = Field(8, ge=1, description="Prompts per iteration.")
+    batch_size: int = Field(32, ge=1, description="Prompts per iteration.")
     samples_per_prompt: int = Field(8, ge=1, description="Completions per prompt (the GRPO group size).")
     max_new_tokens: int = Field(8, ge=1, description="Longest response in tokens.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
@@ -159,10 +159,10 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range ε of the importance ratio.")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
-    micro_batch_size: int = Field(16, ge=1, description="Completions per forward/backward (per rank).")
+    micro_batch_size: int = Field(32, ge=1, description="Completions per forward/backward (per rank).")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
-    total_iterations: int = Field(10, ge=1, description="RL iterations (one Prefect flow run each).")
-    save_interval: int = Field(5, ge=1, description="Register a checkpoint every this many iterations.")
+    total_iterations: int = Field(40, ge=1, description="RL iterations (one Prefect flow run each).")
+    save_interval: int = Field(10, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
     eval_interval: int = Field(5, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
     eval_size: int | None = Field(None, ge=1, description="Held-out questions per evaluation; default: the whole test split.")
 
