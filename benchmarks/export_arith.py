@@ -2,7 +2,7 @@
 
 Run with the project venv (it imports rlpipe):
 
-    /root/.cache/rlpipe-proto/bin/python benchmarks/export_arith.py --out /tmp/rlpipe-bench/arith.jsonl
+    .venv/bin/python benchmarks/export_arith.py --out /tmp/rlpipe-bench/arith.jsonl
 
 Each line is {"id", "prompt", "ground_truth", "split"}; by default the train and test splits are
 written (the default DataConfig: 2-digit addition, 500 test questions, seed 0).

@@ -1,0 +1,125 @@
+"""rlpipe's GRPO loop at the demo size: seconds per iteration by stage, overhead share, engine tokens/s.
+
+    .venv/bin/python benchmarks/grpo_loop.py --samples 8192 --out /tmp/rlpipe-bench/rlpipe.json
+
+Uses its own RLPIPE_HOME (default /tmp/rlpipe-bench/home): trains the SFT base there once (the
+demo's settings), then
+  1. generation throughput of the vLLM and the HF engine on that model, same prompts and settings
+     (32 prompts × 8 samples, ≤8 new tokens, T=1), 3 timed repeats after one warm-up;
+  2. a GRPO run of ``--samples`` completions (256 per iteration) with held-out accuracy before/after,
+     and the per-iteration stage breakdown from the run's progress file.
+Prints and writes one JSON. Timings are only comparable on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def engine_throughput(kind: str, model_dir: str, prompts: list[list[int]], repeats: int = 3) -> dict[str, float]:
+    from rlpipe.rollout.base import SamplingConfig
+    from rlpipe.rollout.engines import get_engine
+
+    t0 = time.perf_counter()
+    engine = get_engine(kind, model_dir, max_model_len=64)
+    start_s = time.perf_counter() - t0
+    sampling = SamplingConfig(n=8, temperature=1.0, max_new_tokens=8, seed=0)
+    engine.generate(prompts, sampling)  # warm-up
+    rates = []
+    for r in range(repeats):
+        t = time.perf_counter()
+        outs = engine.generate(prompts, SamplingConfig(n=8, temperature=1.0, max_new_tokens=8, seed=r + 1))
+        dt = time.perf_counter() - t
+        rates.append(sum(len(c.token_ids) for o in outs for c in o) / dt)
+    return {"start_s": round(start_s, 2), "tokens_per_s": round(statistics.median(rates), 1),
+            "seconds_per_256_completions": round(256 * 3.5 / statistics.median(rates), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=8192, help="completion budget (256 per iteration)")
+    ap.add_argument("--home", default="/tmp/rlpipe-bench/home")
+    ap.add_argument("--out", default="/tmp/rlpipe-bench/rlpipe.json")
+    ap.add_argument("--engine", default="vllm")
+    a = ap.parse_args()
+    os.environ["RLPIPE_HOME"] = a.home
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    sys.path.insert(0, str(ROOT))
+
+    from flows.sft import sft
+    from flows.train import train
+    from rlpipe.config import RunConfig, settings
+    from rlpipe.tracking.mlflow_utils import Tracker
+    from rlpipe.training.models import fetch_source
+
+    cfg = RunConfig()
+    s = settings()
+    base = Tracker(s, cfg).version_by_alias(cfg.registered_model, "base")
+    if base is None:
+        sft(config=cfg)
+        base = Tracker(s, cfg).version_by_alias(cfg.registered_model, "base")
+    model_dir = str(fetch_source(base.source, s))
+    print(f"[bench] base model {model_dir}", flush=True)
+
+    from rlpipe.data import build_arithmetic
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [r for r in build_arithmetic(cfg.data).to_pylist() if r["split"] == "train"][:32]
+    prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+    result: dict = {"base_model": model_dir, "engines": {}}
+    for kind in ("vllm", "hf"):
+        result["engines"][kind] = engine_throughput(kind, model_dir, prompts)
+        print(f"[bench] {kind}: {result['engines'][kind]}", flush=True)
+    from rlpipe.rollout.engines import close_engines
+
+    close_engines()
+
+    iterations = max(1, a.samples // 256)
+    rl = cfg.model_copy(deep=True)
+    rl.task.policy_model = f"models:/{cfg.registered_model}@base"
+    rl.rollout.engine = a.engine
+    rl.train.total_iterations = iterations
+    rl.train.eval_interval = iterations  # only before and after, like the TRL script
+    rl.train.save_interval = iterations
+    run_id = f"bench-{int(time.time())}"
+    t = time.perf_counter()
+    summary = json.loads(Path(train(config=rl, run_id=run_id)).read_text())
+    wall = time.perf_counter() - t
+    history = json.loads((s.run_dir(run_id) / "progress.json").read_text())["history"]
+    steady = history[1:] or history  # the first iteration includes one-off warm-ups
+
+    def mean(key: str) -> float:
+        return round(statistics.fmean(h.get(key, 0.0) for h in steady), 3)
+
+    result["rl"] = {
+        "engine": a.engine,
+        "iterations": iterations,
+        "completions": iterations * 256,
+        "accuracy_before": summary["heldout_accuracy_base"],
+        "accuracy_after": summary["heldout_accuracy_final"],
+        "run_wall_s": round(wall, 1),
+        "seconds_per_iteration": mean("time/iteration_s"),
+        "seconds_per_iteration_excl_eval": round(mean("time/iteration_s") - mean("time/eval_s"), 3),
+        "stage_seconds_per_iteration": {k: mean(f"time/{k}") for k in
+                                        ("generate_s", "verify_s", "update_s", "sync_s", "save_s", "overhead_s")},
+        "overhead_share": round(statistics.fmean(h["time/overhead_share"] for h in steady), 4),
+        "train_tokens_per_s": mean("throughput/train_tokens_per_s"),
+    }
+    print(json.dumps(result, indent=2))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
