@@ -159,7 +159,7 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range ε of the importance ratio.")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
-    micro_batch_size: int = Field(32, ge=1, description="Completions per forward/backward (per rank).")
+    micro_batch_size: int = Field(64, ge=1, description="Completions per forward/backward (per rank).")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
     total_iterations: int = Field(40, ge=1, description="RL iterations (one Prefect flow run each).")
     save_interval: int = Field(10, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
