@@ -88,13 +88,22 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     expected = file_weights_sha256(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
-    pool = VerifierPool(workers=config.reward.workers, timeout_s=config.reward.timeout_s, plugins=tuple(config.reward.plugins))
+    url = settings().verifier_url
+    if url:
+        from rlpipe.rewards.remote import RemoteVerifier
+
+        pool = RemoteVerifier(url, timeout_s=max(60.0, config.reward.timeout_s * 10))
+        if not pool.healthy():
+            log.warning("ALERT verifier service %s is not healthy; samples it cannot score get status skipped", url)
+    else:
+        pool = VerifierPool(workers=config.reward.workers, timeout_s=config.reward.timeout_s,
+                            plugins=tuple(config.reward.plugins))
     register_services(RunServices(
         run_id=run_id, engine=engine, trainer=trainer, pool=pool, tokenizer=trainer.tokenizer,
-        train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] for r in rows},
+        train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows},
     ))
-    log.info("services up in %.1f s (engine %s %.1f s, %d verifier workers); policy %s",
-             time.perf_counter() - start, engine.name, engine_s, pool.size, expected[:12])
+    log.info("services up in %.1f s (engine %s %.1f s, verifier %s); policy %s", time.perf_counter() - start,
+             engine.name, engine_s, url or f"{pool.size} local workers", expected[:12])
     return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start}
 
 
@@ -132,6 +141,8 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
     read_s = time.perf_counter() - start
     scored, stats = score_table(svc.pool, table, svc.ground_truth)
     metrics, alerts = batch_metrics(scored)
+    if getattr(svc.pool, "last_problem", None):  # the verifier service was down, refused or slow
+        alerts.append(svc.pool.last_problem)
     for a in alerts:
         run_logger().warning("ALERT iteration %d: %s", iteration, a)
     meta = stats | metrics | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s}
@@ -190,7 +201,7 @@ def evaluate(config: RunConfig, run_id: str) -> dict[str, Any]:
     prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
                for r in rows]
     outs = svc.engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens))
-    verdicts = svc.pool.score([VerifyItem(r["task"], o[0].text, r["ground_truth"]) for r, o in zip(rows, outs)])
+    verdicts = svc.pool.score([VerifyItem(r["task"], o[0].text, svc.ground_truth[r["id"]]) for r, o in zip(rows, outs)])
     correct = sum(1 for v in verdicts if v.status == "ok" and v.reward == 1.0)
     return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "eval_s": time.perf_counter() - start,
             "policy_version": svc.engine.weights_sha256()}

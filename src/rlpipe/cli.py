@@ -22,6 +22,8 @@ config_app = typer.Typer(help="Check and inspect run configs.", no_args_is_help=
 data_app = typer.Typer(help="Build and validate prompt datasets.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
+serve_app = typer.Typer(help="Run rlpipe's services.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
 ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config YAML (default: the embedded defaults).")]
@@ -196,6 +198,22 @@ def _demo_sft(cfg: RunConfig, s) -> None:
     for k, v in rows:
         typer.echo(f"  {k:<{width}}  {v}")
     typer.echo(f"  summary: {summary['_path']}")
+
+
+@serve_app.command("verifier")
+def serve_verifier(
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    workers: Annotated[int, typer.Option(help="Verifier worker processes (bounded concurrency).")] = 2,
+    timeout: Annotated[float, typer.Option(help="Hard per-sample timeout in seconds.")] = 5.0,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait; more are refused with 429.")] = 32,
+    plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra verifiers (repeatable).")] = None,
+) -> None:
+    """HTTP verifier service: /health, batch /verify, /metrics. Point runs at it with RLPIPE_VERIFIER_URL."""
+    from rlpipe.services.verifier import serve
+
+    typer.echo(f"verifier service on http://{host}:{port} ({workers} workers, queue {max_queue})", err=True)
+    serve(host=host, port=port, workers=workers, sample_timeout_s=timeout, max_queue=max_queue, plugins=tuple(plugin or ()))
 
 
 def main() -> None:

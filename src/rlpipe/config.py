@@ -344,6 +344,7 @@ class Settings(BaseModel):
         None, description="RLPIPE_S3_SECRET_ACCESS_KEY (else AWS_SECRET_ACCESS_KEY)", repr=False
     )
     s3_region: str | None = Field(None, description="RLPIPE_S3_REGION (else AWS_DEFAULT_REGION)")
+    verifier_url: str | None = Field(None, description="RLPIPE_VERIFIER_URL: score through the verifier service")
 
     def resolve_storage_uri(self, cfg: RunConfig | None = None) -> str:
         if self.storage_uri:
@@ -378,4 +379,5 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         s3_access_key_id=env.get("RLPIPE_S3_ACCESS_KEY_ID") or env.get("AWS_ACCESS_KEY_ID") or None,
         s3_secret_access_key=env.get("RLPIPE_S3_SECRET_ACCESS_KEY") or env.get("AWS_SECRET_ACCESS_KEY") or None,
         s3_region=env.get("RLPIPE_S3_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+        verifier_url=env.get("RLPIPE_VERIFIER_URL") or None,
     )

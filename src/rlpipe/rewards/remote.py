@@ -1,0 +1,71 @@
+"""Client of the verifier service (``RLPIPE_VERIFIER_URL``), a drop-in for :class:`VerifierPool`.
+
+It never raises on a service problem: when the service is down, refuses (429 after retries) or
+does not answer in time, every item gets status ``skipped`` or ``timeout`` — excluded from the
+update and counted, never scored 0 — and the reason says what happened.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rlpipe.rewards.base import VerifyResult
+from rlpipe.rewards.pool import VerifyItem
+
+
+class RemoteVerifier:
+    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, batch: int = 1024):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.batch = batch
+        self.restarts = 0
+        self.last_problem: str | None = None
+
+    @property
+    def size(self) -> int:
+        return 0
+
+    def healthy(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).json().get("status") == "ok"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def _post(self, items: list[VerifyItem]) -> list[VerifyResult]:
+        import httpx
+
+        body = {"items": [{"verifier": i.verifier, "response": i.response, "ground_truth": i.ground_truth} for i in items],
+                "timeout_s": self.timeout_s}
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                r = httpx.post(f"{self.url}/verify", json=body, timeout=self.timeout_s + 10)
+            except httpx.TimeoutException:
+                self.last_problem = f"{self.url} did not answer within {self.timeout_s + 10:g} s"
+                return [VerifyResult(None, "timeout", self.last_problem)] * len(items)
+            except httpx.HTTPError as e:
+                self.last_problem = f"verifier service {self.url} unreachable: {type(e).__name__}"
+                if attempt == self.retries:
+                    return [VerifyResult(None, "skipped", self.last_problem)] * len(items)
+            else:
+                if r.status_code == 200:
+                    return [VerifyResult(x["reward"], x["status"], x.get("reason") or "") for x in r.json()["results"]]
+                self.last_problem = f"verifier service {self.url} answered {r.status_code}: {r.text[:120]}"
+                if r.status_code != 429 and r.status_code < 500 or attempt == self.retries:
+                    return [VerifyResult(None, "skipped", self.last_problem)] * len(items)
+            time.sleep(delay)
+            delay *= 2
+        return [VerifyResult(None, "skipped", self.last_problem or "no answer")] * len(items)
+
+    def score(self, items: list[VerifyItem]) -> list[VerifyResult]:
+        self.last_problem = None
+        out: list[VerifyResult] = []
+        for i in range(0, len(items), self.batch):
+            out += self._post(items[i : i + self.batch])
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,104 @@
+"""The verifier service as a real HTTP server in its own process, loaded from a second process."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rlpipe.rewards.pool import VerifyItem
+from rlpipe.rewards.remote import RemoteVerifier
+from tests.helpers.s3server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(tmp_path, *args):
+    port = free_port()
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    code = "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "verifier", "--port", str(port),
+                             "--plugin", "tests.helpers.slow_verifiers", *args],
+                            env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"svc-{port}.log").open("w"),
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError((tmp_path / f"svc-{port}.log").read_text())
+
+
+def stop(proc):
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    proc, url = start(tmp_path_factory.mktemp("svc"), "--workers", "2", "--timeout", "1", "--max-queue", "8")
+    yield url
+    stop(proc)
+
+
+def test_health_verify_and_metrics(service):
+    h = httpx.get(f"{service}/health").json()
+    assert h == {"status": "ok", "workers": 2, "alive": True, "queue": 0, "max_queue": 8}
+    items = [{"verifier": "math", "response": "\\boxed{46}", "ground_truth": "46"},
+             {"verifier": "math", "response": "45", "ground_truth": "46"},
+             {"verifier": "test_sleepy", "response": "sleep 30", "ground_truth": None},
+             {"verifier": "nope", "response": "x", "ground_truth": "1"}]
+    r = httpx.post(f"{service}/verify", json={"items": items}, timeout=30)
+    got = [(x["status"], x["reward"]) for x in r.json()["results"]]
+    assert got == [("ok", 1.0), ("ok", 0.0), ("timeout", None), ("error", None)]
+    assert httpx.post(f"{service}/verify", json={"itemz": []}).status_code == 422  # bad input is named, not scored
+    m = httpx.get(f"{service}/metrics").json()
+    assert m["requests"] >= 1 and m["items"] >= 4 and m["latency_p50_s"] > 0 and m["worker_restarts"] >= 1
+
+
+def test_client_scores_through_the_service(service):
+    res = RemoteVerifier(service).score([VerifyItem("exact", "7", "7"), VerifyItem("exact", "8", "7")])
+    assert [(r.status, r.reward) for r in res] == [("ok", 1.0), ("ok", 0.0)]
+
+
+def test_full_queue_answers_429_not_collapse(tmp_path):
+    proc, url = start(tmp_path, "--workers", "1", "--timeout", "5", "--max-queue", "1")
+    try:
+        slow = {"items": [{"verifier": "test_sleepy", "response": "sleep 1.5", "ground_truth": None}]}
+        codes: list[int] = []
+
+        def hit():
+            codes.append(httpx.post(f"{url}/verify", json=slow, timeout=30).status_code)
+
+        threads = [threading.Thread(target=hit) for _ in range(6)]  # bounded load from this process
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert codes.count(429) >= 3 and codes.count(200) >= 2, codes
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"  # still serving
+        assert httpx.get(f"{url}/metrics").json()["rejected"] == codes.count(429)
+        # A request that cannot be answered in time gets 'timeout' per item, not an error.
+        r = httpx.post(f"{url}/verify", json=slow | {"timeout_s": 0.3}, timeout=30).json()
+        assert r["results"][0]["status"] == "timeout"
+    finally:
+        stop(proc)
+
+
+def test_client_when_the_service_is_down_skips_and_says_why():
+    client = RemoteVerifier(f"http://127.0.0.1:{free_port()}", retries=1)
+    res = client.score([VerifyItem("math", "1", "1")] * 3)
+    assert [r.status for r in res] == ["skipped"] * 3 and all(r.reward is None for r in res)
+    assert "unreachable" in client.last_problem and not client.healthy()
