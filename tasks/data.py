@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
-from rlpipe.data import build_arithmetic, dataset_version, load_prompts, validate_prompts
+from rlpipe.data import BUILTIN, dataset_version, load_prompts, validate_prompts
 from rlpipe.storage.layout import dataset_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import open_store
@@ -26,8 +26,8 @@ def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     s = settings()
     for module in config.reward.plugins:  # extra verifiers: the prompt rows may name them
         importlib.import_module(module)
-    if config.task.dataset == "builtin:arithmetic":
-        table, name = build_arithmetic(config.data), "arithmetic"
+    if config.task.dataset in BUILTIN:
+        table, name = BUILTIN[config.task.dataset](config.data), config.task.dataset.split(":", 1)[1]
     else:
         table = load_prompts(config.task.dataset, default_task=config.reward.verifier)
         name = config.task.dataset.rsplit("/", 1)[-1].split(".")[0]

@@ -24,6 +24,8 @@ app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 serve_app = typer.Typer(help="Run rlpipe's services.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
+verifier_app = typer.Typer(help="Check verifiers against labelled cases.", no_args_is_help=True)
+app.add_typer(verifier_app, name="verifier")
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
 ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config YAML (default: the embedded defaults).")]
@@ -198,6 +200,34 @@ def _demo_sft(cfg: RunConfig, s) -> None:
     for k, v in rows:
         typer.echo(f"  {k:<{width}}  {v}")
     typer.echo(f"  summary: {summary['_path']}")
+
+
+@verifier_app.command("audit")
+def verifier_audit(
+    labels: list[Path],
+    out: Annotated[Optional[Path], typer.Option(help="Write the full report (with every disagreement) as JSON.")] = None,
+    workers: Annotated[int, typer.Option(help="Verifier worker processes.")] = 2,
+    timeout: Annotated[float, typer.Option(help="Hard per-case timeout in seconds.")] = 20.0,
+) -> None:
+    """Agreement, false positives and false negatives per verifier on labelled JSONL files."""
+    from rlpipe.rewards.audit import LabelsError, audit, load_labels
+    from rlpipe.rewards.pool import VerifierPool
+
+    try:
+        cases = [c for f in labels for c in load_labels(f)]
+    except (LabelsError, FileNotFoundError) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    with VerifierPool(workers=workers, timeout_s=timeout) as pool:
+        report = audit(cases, pool)
+    typer.echo(f"{'verifier':<12} {'n':>4} {'agree':>7} {'FP':>4} {'FN':>4} {'not ok':>7}")
+    for task, r in report.items():
+        typer.echo(f"{task:<12} {r['n']:>4} {r['agreement']:>7.1%} {r['false_positive']:>4} {r['false_negative']:>4} {r['not_ok']:>7}")
+        for d in r["disagreements"]:
+            typer.echo(f"    line {d['line']}: {d['kind']}: {d.get('note') or ''} — {d['reason'][:90]}")
+    if out:
+        out.write_text(json.dumps(report, indent=2))
+        typer.echo(f"report: {out}")
 
 
 @serve_app.command("verifier")

@@ -67,7 +67,8 @@ class TaskConfig(_Strict):
     )
     dataset: str = Field(
         "builtin:arithmetic",
-        description="Prompt set: 'builtin:arithmetic' (built from `data`) or a path to a JSONL/Parquet prompt file.",
+        description="Prompt set: 'builtin:arithmetic' or 'builtin:expressions' (built from `data`), or a path to a "
+        "JSONL/Parquet prompt file.",
     )
 
 

@@ -1,6 +1,9 @@
 """Prompt datasets: the synthetic arithmetic family, user files, validation and versions."""
 
 from rlpipe.data.arithmetic import build_arithmetic
+from rlpipe.data.expressions import build_expressions
 from rlpipe.data.prompts import Finding, PromptFileError, dataset_version, load_prompts, validate_prompts
 
-__all__ = ["Finding", "PromptFileError", "build_arithmetic", "dataset_version", "load_prompts", "validate_prompts"]
+BUILTIN = {"builtin:arithmetic": build_arithmetic, "builtin:expressions": build_expressions}
+
+__all__ = ["BUILTIN", "Finding", "PromptFileError", "build_arithmetic", "build_expressions", "dataset_version", "load_prompts", "validate_prompts"]

@@ -70,6 +70,7 @@ def build_arithmetic(cfg: DataConfig | None = None) -> pa.Table:
                 "tests": None,
                 "split": split,
                 "source": f"arithmetic/{op}/d{cfg.digits}",
+                "solution": None,
             }
         )
     return pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)

@@ -43,8 +43,10 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
         answer = final_answer(response)
         if not answer:
             return VerifyResult(None, "unparseable", "empty answer")
-        gold = parse(f"${ground_truth}$" if "$" not in ground_truth else ground_truth)
-        pred = parse(f"${answer}$" if "$" not in answer and "\\" not in answer else answer)
+        # Both sides go through math-verify's LaTeX extraction as a boxed answer: plain numbers,
+        # LaTeX (\\frac, \\sqrt, …) and expressions are all read the same way.
+        gold = parse(f"\\boxed{{{ground_truth}}}")
+        pred = parse(f"\\boxed{{{answer}}}")
         if not pred:
             return VerifyResult(None, "unparseable", f"no expression in {answer[:80]!r}")
         return VerifyResult(float(bool(verify(gold, pred))), "ok")

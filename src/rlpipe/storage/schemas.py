@@ -15,6 +15,9 @@ PROMPT_SCHEMA = pa.schema(
         pa.field("tests", pa.string()),  # JSON (code tasks)
         pa.field("split", pa.string(), nullable=False),  # train | test | validation
         pa.field("source", pa.string()),
+        # A reference response for SFT when it differs from ground_truth (e.g. an expression whose
+        # value is the ground truth); null: SFT trains on ground_truth.
+        pa.field("solution", pa.string()),
     ],
     metadata={"rlpipe.table": "prompts", "rlpipe.schema_version": "1"},
 )

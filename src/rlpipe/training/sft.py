@@ -127,7 +127,7 @@ def train_sft(
     if not train_rows:
         raise ValueError("SFT needs at least one training row (split 'train')")
     examples = [
-        encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["chat"]), r["ground_truth"])
+        encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["chat"]), r.get("solution") or r["ground_truth"])
         for r in train_rows
     ]
     rng = random.Random(seed)
