@@ -10,7 +10,9 @@ from prefect import flow
 from rlpipe.config import RunConfig
 from tasks._log import run_logger
 from tasks.rl import evaluate, read_progress, rollout, sync_weights, update, upload_checkpoint, verify, write_progress
-from tasks.tracking import log_metrics, register_checkpoint
+from rlpipe.config import settings
+from rlpipe.tracking.mlflow_utils import Tracker
+from tasks.tracking import register_checkpoint
 
 
 def _due(iteration: int, every: int, last: int) -> bool:
@@ -56,7 +58,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     )
     if ev:
         metrics["heldout_accuracy"] = ev["accuracy"]
-    log_metrics(config, mlflow_run_id, metrics, iteration)
+    # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
+    Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, iteration)
     progress = read_progress(run_id) or {}
     history = [h for h in progress.get("history", []) if h["iteration"] < iteration]
     history.append({"iteration": iteration} | metrics)

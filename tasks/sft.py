@@ -52,10 +52,11 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
         elif step % 50 == 0:
             logger.info("sft step %d/%d: loss %.3f", step, config.sft.steps, metrics["loss_ema"])
 
-    before = evaluate_accuracy(model, tok, test, max_new)
+    ver = config.sft.eval_verifier
+    before = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     logger.info("model %s (%d parameters): held-out accuracy before SFT %.3f", source, params, before["accuracy"])
-    result = train_sft(model, tok, train, config.sft, seed=config.seed, eval_fn=lambda m: evaluate_accuracy(m, tok, probe, max_new), log=log)
-    after = evaluate_accuracy(model, tok, test, max_new)
+    result = train_sft(model, tok, train, config.sft, seed=config.seed, eval_fn=lambda m: evaluate_accuracy(m, tok, probe, max_new, verifier=ver), log=log)
+    after = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     with tempfile.TemporaryDirectory() as tmp:
         digest = save_checkpoint(
             tmp, model, tok,

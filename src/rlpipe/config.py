@@ -107,6 +107,9 @@ class SFTConfig(_Strict):
     eval_size: int | None = Field(
         None, ge=1, description="Validation questions per periodic check; default: the whole validation split."
     )
+    eval_verifier: str | None = Field(
+        "exact", description="Verifier for SFT accuracy checks; null: each row's own verifier (task column)."
+    )
     stop_at_accuracy: float | None = Field(
         0.3,
         gt=0,

@@ -91,15 +91,17 @@ def greedy_answers(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_t
 
 
 def evaluate_accuracy(
-    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], max_new_tokens: int = 8, verifier: str = "exact"
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], max_new_tokens: int = 8, verifier: str | None = "exact"
 ) -> dict[str, float]:
-    """Share of rows whose greedy answer the verifier accepts (non-ok verdicts count as wrong)."""
+    """Share of rows whose greedy answer the verifier accepts (non-ok verdicts count as wrong).
+
+    ``verifier=None`` uses each row's own verifier (its ``task``)."""
     from rlpipe.rewards import get_verifier
 
-    verify = get_verifier(verifier)
     prompts = [render_prompt(tokenizer, r["prompt"], r["chat"]) for r in rows]
     answers = greedy_answers(model, tokenizer, prompts, max_new_tokens)
-    results = [verify(a, r["ground_truth"]) for a, r in zip(answers, rows)]
+    results = [get_verifier(verifier or r["task"])(a, r["ground_truth"] if r["ground_truth"] is not None else r["tests"])
+               for a, r in zip(answers, rows)]
     correct = sum(1 for v in results if v.status == "ok" and v.reward == 1.0)
     return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "not_ok": sum(v.status != "ok" for v in results)}
 

@@ -1,0 +1,63 @@
+"""Run untrusted, model-written Python in a sandbox.
+
+    from rlpipe.sandbox import run_python, SandboxLimits
+    r = run_python("print(input()[::-1])", stdin="abc", limits=SandboxLimits(wall_s=5))
+    r.status, r.stdout        # ("ok", "cba\\n")
+
+**What the full level ("bwrap+seccomp+uid+rlimits+cgroup") does.** The code runs as ``main.py``
+under the *system* interpreter (``/usr/bin/python3``) inside bubblewrap with every namespace
+unshared (user, pid, net, ipc, uts, cgroup, mount; nested user namespaces disabled): no network
+at all (a private, empty loopback), its own pid 1, a read-only view of ``/usr`` (plus the
+``/lib*`` links and the dynamic-loader files of ``/etc``), synthetic ``/etc/passwd``/``group``/
+``hosts``, a private ``/proc``, a minimal ``/dev``, and private size-capped tmpfs mounts for
+``/work`` (the work dir, holding ``main.py`` and ``files``), ``/tmp`` and ``/dev/shm``; everything
+else is read-only or absent (``/root``, ``/home``, ``/etc/shadow``, host ``/tmp``…). The
+environment is a fixed minimal one; nothing of the caller's (secrets) is passed. A seccomp
+filter denies non-AF_UNIX sockets, ptrace, mount, unshare/setns/namespace clones, bpf,
+perf_event_open, userfaultfd, io_uring, keyctl, signals to process groups/everything/pid 1, and
+more (see ``_seccomp.py``). Each concurrent run gets its own unprivileged host uid (``61000 +
+slot``, slots locked across threads and processes), rlimits (CPU, address space, processes, file
+size, open files, no core dumps) and its own cgroup (memory incl. tmpfs, pids). A trusted
+launcher process (still root, so the sandbox cannot signal it) is the child subreaper of the run;
+when the program ends or the wall clock runs out it SIGKILLs everything left — by pid namespace,
+by descendant tree, by uid, and finally by cgroup — so daemons that ``setsid``/double-fork die
+too. stdout and stderr are each capped at ``max_output_bytes`` (``truncated`` is set).
+
+**Fallbacks.** Without root there is no uid switch (and usually no cgroup); without bubblewrap or
+user namespaces there are no namespaces: the code runs in a private host temp dir under the
+worker uid with seccomp and rlimits, and can read world-readable host files, write to
+world-writable host dirs and reach host AF_UNIX sockets. Whatever is missing is logged as a
+warning once per level and named in every result's ``isolation`` field; it never runs without the
+launcher, rlimits and timeouts. ``RLPIPE_SANDBOX_STRICT=1`` turns a missing component into
+:class:`SandboxUnavailableError`. ``isolation_report()`` says what this machine offers.
+``RLPIPE_SANDBOX_DISABLE=bwrap,seccomp,cgroup`` switches components off (testing/operations;
+warned like any fallback).
+
+**What it does NOT protect against.**
+
+* Kernel and hardware vulnerabilities: the sandbox shares the host kernel (a kernel exploit
+  through an allowed syscall, or through user namespaces, escapes it), and speculative-execution
+  or other side channels (cache timing, Rowhammer) are not mitigated.
+* Information about the host the kernel shows anyone: ``/proc/cpuinfo``, ``/proc/meminfo``,
+  kernel version, uptime, load, the mounted /usr contents and installed packages.
+* CPU time stolen within the limits: each process may burn ``cpu_s`` of CPU (``RLIMIT_CPU`` is per
+  process) until ``wall_s``; there is no CPU share/quota, so concurrent runs slow the host down.
+* Resource use below the limits: up to ``memory_mb`` of RAM (plus a little for bubblewrap), up to
+  ``max_processes`` tasks (threads count), tmpfs writes up to the memory limit, disk I/O on reads.
+* Denial of service of the caller through its outputs: rlpipe gets at most ``max_output_bytes``
+  per stream, but what the program prints is untrusted text (e.g. fake "test passed" lines).
+* Exit status ambiguity: through bubblewrap a program that exits with ``128+N`` looks like one
+  killed by signal N.
+* Anything at the degraded levels beyond what they name (see Fallbacks), and a host where an
+  attacker already controls root, the system Python, or ``/usr``.
+"""
+
+from rlpipe.sandbox._core import (
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailableError,
+    isolation_report,
+    run_python,
+)
+
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailableError", "isolation_report", "run_python"]

@@ -1,0 +1,302 @@
+"""Per-run cgroups with a memory and a pids limit (cgroup v1 ``memory`` + ``pids``, or v2).
+
+v1: the run's groups are made *under rlpipe's own* memory/pids groups (``…/rlpipe-sandbox/<run>``),
+so whatever limits a container or job scheduler put on rlpipe still cover the sandbox.
+v2: under ``<mount>/rlpipe-sandbox`` with ``+memory +pids`` delegated to it (needs a writable
+root cgroup; inside a container whose namespace root holds processes this fails and the
+sandbox runs without a cgroup, saying so).
+
+Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE_NAME = "rlpipe-sandbox"
+
+
+def _mountinfo() -> list[tuple[str, str, str, set[str]]]:
+    """(root-within-hierarchy, mountpoint, fstype, super options) per cgroup mount."""
+    out = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        f = left.split()
+        r = right.split()
+        if len(f) < 5 or len(r) < 3 or r[0] not in ("cgroup", "cgroup2"):
+            continue
+        out.append((f[3], f[4].replace("\\040", " "), r[0], set(r[2].split(","))))
+    return out
+
+
+def _own_paths() -> dict[str, str]:
+    """controller -> our cgroup path ('' key for the v2 unified hierarchy)."""
+    paths = {}
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            for c in ctrls.split(",") if ctrls else [""]:
+                paths[c] = path
+    except (OSError, ValueError):
+        pass
+    return paths
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _pids_in(procs_files: list[Path]) -> set[int]:
+    pids: set[int] = set()
+    for f in procs_files:
+        try:
+            pids.update(int(x) for x in f.read_text().split())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _kill_pid_in(pid: int, marker: str) -> None:
+    """SIGKILL pid if /proc/pid/cgroup still names our run (checked while holding a pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        fd = None
+    try:
+        try:
+            inside = marker in Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return
+        if not inside:
+            return
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@dataclass
+class RunCgroup:
+    """The cgroup(s) of one run."""
+
+    version: int
+    mem_dir: Path
+    pids_dir: Path
+    name: str
+
+    @property
+    def dirs(self) -> list[Path]:
+        return [self.mem_dir] if self.mem_dir == self.pids_dir else [self.mem_dir, self.pids_dir]
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def pids(self) -> set[int]:
+        return _pids_in(self.procs_files)
+
+    def oom_killed(self) -> bool:
+        f = self.mem_dir / ("memory.oom_control" if self.version == 1 else "memory.events")
+        key = "oom_kill"
+        try:
+            for line in f.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == key and int(v) > 0:
+                    return True
+        except (OSError, ValueError):
+            pass
+        return False
+
+    def kill_all(self, timeout: float = 5.0) -> bool:
+        """Stop forks, SIGKILL every member until none is left. True when empty."""
+        try:
+            _write(self.pids_dir / "pids.max", "0")
+        except OSError:
+            pass
+        if self.version == 2 and (self.mem_dir / "cgroup.kill").exists():
+            try:
+                _write(self.mem_dir / "cgroup.kill", "1")
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.pids()
+            if not left:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            for pid in left:
+                _kill_pid_in(pid, "/" + self.name)
+            time.sleep(0.005)
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            for _ in range(200):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        break
+                    time.sleep(0.01)
+
+
+class CgroupManager:
+    """Creates run cgroups under a base (found and probed by :func:`detect`)."""
+
+    def __init__(self, version: int, mem_base: Path, pids_base: Path):
+        self.version = version
+        self.mem_base = mem_base
+        self.pids_base = pids_base
+
+    @property
+    def bases(self) -> list[Path]:
+        return [self.mem_base] if self.mem_base == self.pids_base else [self.mem_base, self.pids_base]
+
+    def describe(self) -> str:
+        return f"cgroup v{self.version}: " + ", ".join(str(b) for b in self.bases)
+
+    def create(self, name: str, memory_bytes: int, max_pids: int) -> RunCgroup:
+        cg = RunCgroup(self.version, self.mem_base / name, self.pids_base / name, name)
+        made: list[Path] = []
+        try:
+            for d in cg.dirs:
+                d.parent.mkdir(mode=0o755, exist_ok=True)  # another rlpipe may have removed it at exit
+                d.mkdir(mode=0o755)
+                made.append(d)
+            mem, pids = cg.mem_dir, cg.pids_dir
+            if self.version == 1:
+                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                if (mem / "memory.memsw.limit_in_bytes").exists():
+                    try:  # no swapping past the limit (where swap accounting is on)
+                        _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
+                    except OSError:
+                        pass
+                if (mem / "memory.swappiness").exists():
+                    try:
+                        _write(mem / "memory.swappiness", "0")
+                    except OSError:
+                        pass
+            else:
+                _write(mem / "memory.max", str(memory_bytes))
+                if (mem / "memory.swap.max").exists():
+                    _write(mem / "memory.swap.max", "0")
+            _write(pids / "pids.max", str(max_pids))
+        except BaseException:
+            for d in reversed(made):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+            raise
+        return cg
+
+    def remove_stale(self, prefix: str) -> int:
+        """Kill and remove leftover run groups whose name starts with prefix (a crashed run)."""
+        n = 0
+        names: set[str] = set()
+        for b in self.bases:
+            try:
+                names.update(p.name for p in b.iterdir() if p.is_dir() and p.name.startswith(prefix))
+            except OSError:
+                pass
+        for name in names:
+            cg = RunCgroup(self.version, self.mem_base / name, self.pids_base / name, name)
+            cg.kill_all(timeout=2.0)
+            cg.remove()
+            n += 1
+        return n
+
+
+def detect() -> tuple[CgroupManager | None, str]:
+    """A working manager and a description, or (None, why not). Creates the base dirs."""
+    mounts = _mountinfo()
+    own = _own_paths()
+    v1 = {}
+    for root, mnt, fstype, opts in mounts:
+        if fstype != "cgroup":
+            continue
+        for ctrl in ("memory", "pids"):
+            if ctrl in opts and ctrl not in v1:
+                rel = own.get(ctrl, "/")
+                if rel.startswith(root):
+                    rel = rel[len(root):]
+                base = Path(mnt) / rel.lstrip("/") / BASE_NAME
+                v1[ctrl] = base
+    reasons = []
+    if "memory" in v1 and "pids" in v1:
+        mgr = CgroupManager(1, v1["memory"], v1["pids"])
+        ok, why = _probe(mgr)
+        if ok:
+            return mgr, mgr.describe()
+        reasons.append(f"v1: {why}")
+    elif v1:
+        reasons.append("v1: only " + ", ".join(sorted(v1)) + " mounted (need memory and pids)")
+    for root, mnt, fstype, _opts in mounts:
+        if fstype != "cgroup2" or root != "/":
+            continue
+        try:
+            ctrls = set((Path(mnt) / "cgroup.controllers").read_text().split())
+        except OSError:
+            continue
+        if not {"memory", "pids"} <= ctrls:
+            reasons.append(f"v2 at {mnt}: controllers {sorted(ctrls)} lack memory/pids")
+            continue
+        base = Path(mnt) / BASE_NAME
+        try:
+            _write(Path(mnt) / "cgroup.subtree_control", "+memory +pids")
+            base.mkdir(mode=0o755, exist_ok=True)
+            _write(base / "cgroup.subtree_control", "+memory +pids")
+        except OSError as e:
+            reasons.append(f"v2 at {mnt}: cannot delegate memory+pids ({e})")
+            continue
+        mgr = CgroupManager(2, base, base)
+        ok, why = _probe(mgr)
+        if ok:
+            return mgr, mgr.describe()
+        reasons.append(f"v2: {why}")
+    if not mounts:
+        reasons.append("no cgroup filesystem mounted")
+    return None, "; ".join(reasons) or "no usable cgroup hierarchy"
+
+
+def _probe(mgr: CgroupManager) -> tuple[bool, str]:
+    try:
+        made = []
+        for b in mgr.bases:
+            if not b.is_dir():
+                b.mkdir(mode=0o755)
+                made.append(b)
+        cg = mgr.create(f"probe-{os.getpid()}-{time.monotonic_ns()}", 64 << 20, 8)
+        cg.remove()
+        if made:  # leave no empty group behind in someone else's hierarchy when rlpipe exits
+            atexit.register(_remove_if_empty, made)
+        return True, "ok"
+    except OSError as e:
+        return False, str(e)
+
+
+def _remove_if_empty(dirs: list[Path]) -> None:
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
