@@ -4,6 +4,9 @@ VENV := .venv
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PYTHONHASHSEED ?= 0
+# The venv is shared between clones (cached by pins); this clone's code must win over whichever
+# clone did the last editable install.
+export PYTHONPATH := $(CURDIR)/src:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: install demo test lint clean
 

@@ -2,6 +2,7 @@
 # All GRPO benchmarks in sequence (run on an otherwise idle machine; ~15 min at --samples 8192).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src:$PWD"
 samples=${SAMPLES:-8192}
 out=${OUT:-/tmp/rlpipe-bench}
 mkdir -p "$out"

@@ -24,6 +24,8 @@ def need(report: dict, *components: str) -> None:
         comp = report["components"][c]
         if not comp["available"]:
             pytest.skip(f"sandbox component '{c}' unavailable here: {comp['detail']}")
+        if c in report["disabled_by_env"]:
+            pytest.skip(f"sandbox component '{c}' disabled by RLPIPE_SANDBOX_DISABLE")
 
 
 def sandbox_uid_range() -> range:
@@ -88,13 +90,16 @@ def launcher_descendants() -> list[tuple[int, str]]:
 
 
 def leftover_cgroups() -> list[str]:
+    """This process's run cgroups that still hold a process (they are kept, empty, for reuse)."""
     caps = _core._caps
     if caps is None or caps.cgroup is None:
         return []
     left = []
     for base in caps.cgroup.bases:
         try:
-            left += [str(p) for p in base.iterdir() if p.is_dir() and f"-{os.getpid()}-" in p.name]
+            for p in base.iterdir():
+                if p.is_dir() and p.name.endswith(f"-{os.getpid()}") and (p / "cgroup.procs").read_text().strip():
+                    left.append(str(p))
         except OSError:
             pass
     return left

@@ -143,6 +143,24 @@ def test_daemon_is_killed_on_timeout_too(report):
     _daemon_attempt(report, "timeout")
 
 
+def test_without_bubblewrap_files_left_in_host_tmp_are_removed(report, monkeypatch):
+    need(report, "uid")
+    monkeypatch.setenv("RLPIPE_SANDBOX_DISABLE", "bwrap")
+    tag = f"rlpipe-leftover-{uuid.uuid4().hex}"
+    code = textwrap.dedent(f"""
+        import os
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            open(os.path.join(d, "{tag}"), "w").write("carry me over")
+            os.makedirs(os.path.join(d, "{tag}-dir", "sub"))
+        print("written")
+    """)
+    r = run_python(code)
+    assert r.status == "ok" and r.stdout == "written\n", r
+    assert "bwrap" not in r.isolation
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert not list(Path(d).glob(f"{tag}*")), f"{d}/{tag}* survived the run"
+
+
 def test_daemon_is_killed_without_bubblewrap(report, monkeypatch):
     need(report, "uid", "rlimits")
     monkeypatch.setenv("RLPIPE_SANDBOX_DISABLE", "bwrap")
@@ -668,7 +686,7 @@ def test_crash_of_the_caller_leaves_nothing_behind(report, tmp_path):
         caps = _core._caps
         if caps is not None and caps.cgroup is not None:
             for base in caps.cgroup.bases:
-                left = [p for p in base.iterdir() if f"-{caller.pid}-" in p.name]
+                left = [p for p in base.iterdir() if p.name.endswith(f"-{caller.pid}")]
                 assert left == [], f"the crashed caller's cgroups were left: {left}"
     finally:
         if caller.poll() is None:

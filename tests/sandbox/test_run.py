@@ -107,7 +107,7 @@ def test_ordinary_python_features_work_inside():
             [t.start() for t in ts]; [t.join() for t in ts]
             with mp.Pool(2) as pool:
                 squares = pool.map(work, range(5))
-            ls = subprocess.run(["ls", "/work"], capture_output=True, text=True).stdout.split()
+            ls = subprocess.run(["ls"], capture_output=True, text=True).stdout.split()
             with tempfile.NamedTemporaryFile() as fh:
                 fh.write(b"x")
             print(json.dumps({"squares": squares, "ls": ls, "async": asyncio.run(main())}))

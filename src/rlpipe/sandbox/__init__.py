@@ -21,14 +21,20 @@ size, open files, no core dumps) and its own cgroup (memory incl. tmpfs, pids). 
 launcher process (still root, so the sandbox cannot signal it) is the child subreaper of the run;
 when the program ends or the wall clock runs out it SIGKILLs everything left — by pid namespace,
 by descendant tree, by uid, and finally by cgroup — so daemons that ``setsid``/double-fork die
-too. stdout and stderr are each capped at ``max_output_bytes`` (``truncated`` is set).
+too. A run therefore ends when ``main.py`` exits: whatever it left running is killed. stdout and
+stderr are each capped at ``max_output_bytes`` (the rest is read and discarded; ``truncated`` is
+set). ``max_processes`` counts tasks, so threads count; ``cpu_s`` is per process and rounded up to
+whole seconds; the cgroup allows ``memory_mb`` plus 16 MB for the launcher and bubblewrap.
 
 **Fallbacks.** Without root there is no uid switch (and usually no cgroup); without bubblewrap or
 user namespaces there are no namespaces: the code runs in a private host temp dir under the
-worker uid with seccomp and rlimits, and can read world-readable host files, write to
-world-writable host dirs and reach host AF_UNIX sockets. Whatever is missing is logged as a
-warning once per level and named in every result's ``isolation`` field; it never runs without the
-launcher, rlimits and timeouts. ``RLPIPE_SANDBOX_STRICT=1`` turns a missing component into
+worker uid with seccomp and rlimits, and can read world-readable host files (and other
+processes' command lines), write to world-writable host dirs (what the worker uid leaves in
+``/tmp``, ``/var/tmp`` and ``/dev/shm`` is deleted after the run; SysV IPC objects are not) and
+reach host AF_UNIX sockets. Without root the sandbox shares the caller's uid (no kill-by-uid;
+``RLIMIT_NPROC`` counts the caller's processes too, so it is raised by their number). Whatever
+is missing is logged as a warning once per level and named in every result's ``isolation``
+field; it never runs without the launcher, rlimits and timeouts. ``RLPIPE_SANDBOX_STRICT=1`` turns a missing component into
 :class:`SandboxUnavailableError`. ``isolation_report()`` says what this machine offers.
 ``RLPIPE_SANDBOX_DISABLE=bwrap,seccomp,cgroup`` switches components off (testing/operations;
 warned like any fallback).
@@ -44,8 +50,12 @@ warned like any fallback).
   process) until ``wall_s``; there is no CPU share/quota, so concurrent runs slow the host down.
 * Resource use below the limits: up to ``memory_mb`` of RAM (plus a little for bubblewrap), up to
   ``max_processes`` tasks (threads count), tmpfs writes up to the memory limit, disk I/O on reads.
-* Denial of service of the caller through its outputs: rlpipe gets at most ``max_output_bytes``
-  per stream, but what the program prints is untrusted text (e.g. fake "test passed" lines).
+* Lies in the output: stdout/stderr are capped, but what the program prints is untrusted text.
+  A harness that runs the code in the same process and reads its verdict from stdout can be
+  fooled by code that prints a fake verdict and then exits (``os._exit``) before the harness
+  reports.
+* Exhaustion of shared kernel resources that are not namespaced or not limited per uid (e.g.
+  inotify watches, pipe buffer pages, entropy): bounded only by the process, file and time limits.
 * Exit status ambiguity: through bubblewrap a program that exits with ``128+N`` looks like one
   killed by signal N.
 * Anything at the degraded levels beyond what they name (see Fallbacks), and a host where an

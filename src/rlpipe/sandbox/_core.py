@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import itertools
-import json
 import logging
 import marshal
 import math
@@ -16,6 +15,7 @@ import re
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -43,7 +43,7 @@ _DISABLEABLE = ("bwrap", "seccomp", "cgroup")
 _LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _WORK = "/work"
 _MAX_FILES = 256
-_MEMORY_HEADROOM = 16 << 20  # cgroup allowance for bubblewrap's two helper processes
+_MEMORY_HEADROOM = 16 << 20  # cgroup allowance for the launcher and bubblewrap's two helpers
 _TERM_GRACE_S = 3.0  # SIGTERM to the launcher -> SIGKILL
 _DRAIN_GRACE_S = 1.0  # after the launcher is gone, how long pipes may stay open
 
@@ -362,8 +362,6 @@ class _SlotPool:
             except FileExistsError:
                 pass
             st = os.lstat(d)
-            import stat
-
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != euid or st.st_mode & 0o022:
                 raise OSError(errno.EPERM, f"slot lock dir {d} is not a private directory of uid {euid}")
             self._dir = d
@@ -464,6 +462,33 @@ def _kill_uid(uid: int, timeout: float = 5.0) -> bool:
             finally:
                 os.close(fd)
         time.sleep(0.005)
+
+
+def _remove_files_of(uid: int, dirs: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")) -> int:
+    """Without a mount namespace the code can drop files in world-writable host dirs; remove the
+    top-level entries there owned by the worker uid so nothing carries over to a later run."""
+    n = 0
+    for d in dirs:
+        try:
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            for name in os.listdir(dfd):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if st.st_uid != uid:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(name, dir_fd=dfd)
+                    else:
+                        os.unlink(name, dir_fd=dfd)
+                    n += 1
+                except OSError:
+                    pass
+        finally:
+            os.close(dfd)
+    return n
 
 
 # --------------------------------------------------------------------------- one run
@@ -606,6 +631,7 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
     slot, lock_fd, dirty = _slots.acquire(slot_timeout, check_uid=uid_mode)
     uid = _uid_base() + slot if uid_mode else None
     run_name = f"slot{slot}-{os.getpid()}-{next(_run_counter)}"
+    cg_name = f"slot{slot}-{os.getpid()}"
     fds: list[int] = []
     cg = None
     workdir = None
@@ -616,10 +642,11 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
             _kill_uid(uid)
         if plan.cgroup is not None:
             if dirty:
-                plan.cgroup.remove_stale(f"slot{slot}-")
-            extra = _MEMORY_HEADROOM if plan.bwrap else 0
-            cg = plan.cgroup.create(run_name, (limits.memory_mb << 20) + extra,
-                                    limits.max_processes + (2 if plan.bwrap else 0))
+                plan.cgroup.remove_stale(f"slot{slot}-", keep=cg_name)
+            extra = _MEMORY_HEADROOM
+            # +1 task for the launcher, +2 for bubblewrap's monitor and reaper.
+            cg = plan.cgroup.prepare(cg_name, (limits.memory_mb << 20) + extra,
+                                     limits.max_processes + 1 + (2 if plan.bwrap else 0))
 
         stdin_mem = _memfd("stdin", _enc(stdin))
         fds.append(stdin_mem)
@@ -631,7 +658,11 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
         spec: dict = {"status_fd": status_w, "parent_pid": os.getpid(), "rlimits": _rlimits(
             limits, 2 if plan.bwrap else 0, shared_uid=uid is None)}
         if cg is not None:
-            spec["cgroup_procs"] = [str(p) for p in cg.procs_files]
+            spec["cgroup_procs"] = [str(p) for p in cg.procs_files]  # the launcher removes them if we die
+            go_r, go_w = os.pipe()
+            fds += [go_r, go_w]
+            pass_fds.append(go_r)
+            spec["go_fd"] = go_r
         if uid is not None:
             spec.update(uid=uid, gid=uid, kill_uid=uid)
 
@@ -684,8 +715,6 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
                 pass_fds.append(seccomp_fd)
                 spec["seccomp_fd"] = seccomp_fd
             spec.update(argv=_python_cmd(plan.python, argv), env=env, cwd=workdir, umask=0o077)
-            if uid is None:
-                spec["subtree_only"] = True
 
         proc = subprocess.Popen(
             [plan.python, "-I", "-S", _LAUNCHER, marshal.dumps(spec, 2).hex()],
@@ -693,6 +722,12 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
             close_fds=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/", start_new_session=True,
         )
         t_spawn = time.monotonic()
+        if cg is not None:
+            # Into the run's cgroups before the launcher forks anything (it waits for "go").
+            for f in cg.procs_files:
+                with open(f, "w") as fh:
+                    fh.write(str(proc.pid))
+            os.write(go_w, b"1")
         for fd in list(fds):
             if fd != status_r:
                 os.close(fd)
@@ -705,9 +740,12 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
         return _classify(plan, limits, out, err, status, timed_out, truncated, oom, time.monotonic() - t_spawn)
     finally:
         try:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            if proc is not None:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                proc.stdout.close()
+                proc.stderr.close()
             left = True
             if cg is not None:
                 left = not cg.kill_all()
@@ -718,10 +756,10 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
             elif cg is not None and left:
                 clean = False
                 log.error("rlpipe.sandbox: cgroup %s still has processes", cg.name)
-            if cg is not None:
-                cg.remove()
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+                if uid is not None:
+                    _remove_files_of(uid)
         finally:
             for fd in fds:
                 try:

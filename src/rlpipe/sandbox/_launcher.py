@@ -6,14 +6,15 @@ neither signal nor ptrace it. It
 
 1. makes itself a child subreaper, so nothing the sandbox starts (``setsid``, double fork) can be
    re-parented away from it, and asks for SIGTERM if rlpipe dies;
-2. forks the sandbox process, which joins the run's cgroups, sets its rlimits, drops to the
-   worker uid/gid (no supplementary groups), optionally installs the seccomp filter itself
-   (the no-bubblewrap fallback; bubblewrap installs it otherwise) and execs;
+2. waits until rlpipe has moved it into the run's cgroups (so all it forks is born inside; it
+   shields itself from the run's OOM killer), then forks the sandbox process, which drops to the
+   worker uid/gid (no supplementary groups), sets its rlimits, optionally installs the seccomp
+   filter itself (the no-bubblewrap fallback; bubblewrap installs it otherwise) and execs;
 3. reaps everything, and once the sandbox process has exited -- or SIGTERM arrives (wall-clock
    timeout) -- SIGKILLs every process that is left: its own descendants and, when it has a worker
-   uid to itself, every process of that uid;
-4. writes one JSON line to the status fd: the wait status of the sandbox process and the CPU time of
-   everything it reaped.
+   uid to itself, every process of that uid; if rlpipe died, it also removes the run's cgroups;
+4. writes one status record to the status fd: the wait status of the sandbox process, the CPU
+   time of everything it reaped, timestamps, bubblewrap's own status.
 
 Kept to the standard library, to syntax old system Pythons accept, and to cheap imports (it
 starts once per run): the spec and the status travel as ``marshal`` (format 2: plain dicts, lists,
@@ -171,12 +172,16 @@ def _kill_leftovers(kill_uid):
     return len(live)
 
 
-def _reap_all(kill_uid, main_pid, result):
-    """Kill what is left and reap until we have no children. Fills result['status'] if main is reaped."""
-    deadline = time.monotonic() + 10.0
+def _reap_all(kill_uid, main_pid, result, grace=0.05):
+    """Reap until we have no children; SIGKILL what is left after `grace` seconds (and again every
+    50 ms). Fills result['status'] if the main child is reaped here.
+
+    Everything the sandbox starts descends from us (we are its subreaper), so once we have no
+    children there is nothing left; the /proc sweeps only run while children remain."""
+    now = time.monotonic()
+    deadline = now + 10.0
+    next_sweep = now + grace
     while True:
-        _kill_leftovers(kill_uid)
-        reaped_any = False
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -184,14 +189,16 @@ def _reap_all(kill_uid, main_pid, result):
                 return
             if pid == 0:
                 break
-            reaped_any = True
             if pid == main_pid and result.get("status") is None:
                 result["status"] = status
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now >= next_sweep:
+            _kill_leftovers(kill_uid)
+            next_sweep = now + 0.05
+        if now > deadline:
             result["reap_timeout"] = True
             return
-        if not reaped_any:
-            time.sleep(0.002)
+        time.sleep(0.001)
 
 
 def _parse_bwrap_status(fd):
@@ -224,10 +231,12 @@ def _child(spec, libc, bpf, status_fd, errpipe_w, launcher_pid):
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.close(status_fd)
-        me = str(os.getpid())
-        for path in spec.get("cgroup_procs", []):
-            with open(path, "w") as fh:
-                fh.write(me)
+        # The launcher is shielded from the run's OOM killer; the sandbox must not be.
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("0")
+        except OSError:
+            pass
         limits = [(getattr(resource, name), (soft, hard)) for name, soft, hard in spec.get("rlimits", [])]
         keep = _seccomp_prog(bpf) if bpf is not None else None  # buffer must outlive the prctl
         prog = keep[1] if keep is not None else None
@@ -263,18 +272,27 @@ def _child(spec, libc, bpf, status_fd, errpipe_w, launcher_pid):
 
 
 def main():
+    t_start = time.monotonic()
     spec = marshal.loads(bytes.fromhex(sys.argv[1]))
     status_fd = spec["status_fd"]
     os.set_inheritable(status_fd, False)
-    result = {"status": None}
+    result = {"status": None, "t_launcher": t_start}
 
     def finish(extra):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         result.update(extra)
         if os.getppid() != spec["parent_pid"]:
-            # rlpipe is gone and cannot clean up: remove the (now empty) run cgroups ourselves.
+            # rlpipe is gone and cannot clean up: step out of the run's cgroups (into their
+            # parent) and remove them, now empty.
             for path in spec.get("cgroup_procs", []):
+                group = os.path.dirname(path)
                 try:
-                    os.rmdir(os.path.dirname(path))
+                    with open(os.path.join(os.path.dirname(group), "cgroup.procs"), "w") as fh:
+                        fh.write(str(os.getpid()))
+                except OSError:
+                    pass
+                try:
+                    os.rmdir(group)
                 except OSError:
                     pass
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -294,6 +312,19 @@ def main():
         _prctl(libc, PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != spec["parent_pid"]:  # rlpipe died before the line above
             finish({"setup_error": "parent exited"})
+        if spec.get("go_fd") is not None:
+            # rlpipe moves us into the run's cgroups while we start up (a cgroup migration can
+            # take ~10 ms; this hides it), then says go. Everything we fork is born inside.
+            if os.getuid() == 0:
+                try:
+                    with open("/proc/self/oom_score_adj", "w") as fh:
+                        fh.write("-1000")
+                except OSError:
+                    pass
+            go = os.read(spec["go_fd"], 1)
+            os.close(spec["go_fd"])
+            if go != b"1":
+                finish({"setup_error": "rlpipe did not start the run"})
         bpf = None
         if spec.get("seccomp_fd") is not None:
             bpf = _read_all(spec["seccomp_fd"])
@@ -309,6 +340,7 @@ def main():
         os.set_inheritable(r, False)
         os.set_inheritable(w, False)
         launcher_pid = os.getpid()
+        result["t_fork"] = time.monotonic()
         main_pid = os.fork()
         if main_pid == 0:
             os.close(r)
@@ -331,7 +363,7 @@ def main():
         os.close(r)
         result["started"] = time.monotonic()
         if err:
-            _reap_all(kill_uid, main_pid, result)
+            _reap_all(kill_uid, main_pid, result, grace=0.0)
             finish({"setup_error": err.decode("utf-8", "replace")})
         # Wait for the sandbox process, reaping orphans re-parented to us as they come.
         while result.get("status") is None:
@@ -351,11 +383,11 @@ def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         result["terminated"] = True
         result["ended"] = time.monotonic()
-        _reap_all(kill_uid, main_pid, result)
+        _reap_all(kill_uid, main_pid, result, grace=0.0)
         finish({})
     except BaseException as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _reap_all(kill_uid, main_pid, result)
+        _reap_all(kill_uid, main_pid, result, grace=0.0)
         finish({"setup_error": "launcher: %s: %s" % (type(exc).__name__, exc)})
 
 
