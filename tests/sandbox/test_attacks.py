@@ -692,3 +692,4 @@ def test_crash_of_the_caller_leaves_nothing_behind(report, tmp_path):
         if caller.poll() is None:
             caller.kill()
             caller.wait()
+        caller.stdout.close()

@@ -696,25 +696,26 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
                 pass_fds.append(seccomp_fd)
             spec.update(argv=cmd, env={}, cwd="/", bwrap_json_status="--json-status-fd" in plan.bwrap_opts)
         else:
-            workdir = tempfile.mkdtemp(prefix=f"rlpipe-sbx-{run_name}-")
-            wd = Path(workdir)
+            workdir = tempfile.mkdtemp(prefix=f"rlpipe-sbx-{run_name}-")  # 0700, ours
+            wd, tmp = Path(workdir) / "work", Path(workdir) / "tmp"
+            wd.mkdir()
+            tmp.mkdir()
             (wd / "main.py").write_bytes(_enc(code))
             for rel, content in files.items():
                 (wd / rel).parent.mkdir(parents=True, exist_ok=True)
                 (wd / rel).write_bytes(_enc(content))
-            (wd / ".tmp").mkdir()
             if uid is not None:
-                for root, dnames, fnames in os.walk(wd):
+                for root, dnames, fnames in os.walk(workdir):
                     for n in [*dnames, *fnames]:
                         os.chown(os.path.join(root, n), uid, uid)
-                os.chown(wd, uid, uid)
-            env = dict(_SANDBOX_ENV, HOME=workdir, TMPDIR=str(wd / ".tmp"))
+                os.chown(workdir, uid, uid)
+            env = dict(_SANDBOX_ENV, HOME=str(wd), TMPDIR=str(tmp))
             if plan.bpf is not None:
                 seccomp_fd = _memfd("seccomp", plan.bpf)
                 fds.append(seccomp_fd)
                 pass_fds.append(seccomp_fd)
                 spec["seccomp_fd"] = seccomp_fd
-            spec.update(argv=_python_cmd(plan.python, argv), env=env, cwd=workdir, umask=0o077)
+            spec.update(argv=_python_cmd(plan.python, argv), env=env, cwd=str(wd), umask=0o077)
 
         proc = subprocess.Popen(
             [plan.python, "-I", "-S", _LAUNCHER, marshal.dumps(spec, 2).hex()],
