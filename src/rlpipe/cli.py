@@ -26,6 +26,9 @@ serve_app = typer.Typer(help="Run rlpipe's services.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
 verifier_app = typer.Typer(help="Check verifiers against labelled cases.", no_args_is_help=True)
 app.add_typer(verifier_app, name="verifier")
+from rlpipe.sandbox.cli import sandbox_app  # noqa: E402 - typer app only; the sandbox does nothing on import
+
+app.add_typer(sandbox_app, name="sandbox", help="Run untrusted Python in the sandbox.")
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
 ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config YAML (default: the embedded defaults).")]

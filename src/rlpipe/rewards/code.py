@@ -8,15 +8,22 @@
   Python expression evaluated in the sandbox. Reward 1 when ``repr(value)`` matches.
 
 What the model's code does (syntax error, exception, endless loop inside a phase budget, using too
-much memory) is the model's failure: reward 0, status ``ok``, with the reason. Only a failure of
-the verification itself (sandbox not answering, harness output unreadable) yields ``timeout`` or
-``error``.
+much memory, ending the process before the harness reports) is the model's failure: reward 0,
+status ``ok``, with the reason. Only a failure of the verification itself (the sandbox's wall
+clock, a sandbox that cannot start) yields ``timeout`` or ``error``.
+
+Verdict forgery: the harness runs the program in its own process, so the program could print a
+verdict line itself. Each run gets a random nonce, read by the harness from stdin before any
+model code runs; only a verdict line carrying it counts. Code that deliberately searches the
+harness's memory for the nonce could still forge one; tests of code you cannot afford to have
+gamed should run in a separate process from the code under test.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 
 from rlpipe.rewards.base import VerifyResult, register_verifier
 
@@ -27,7 +34,7 @@ MARK = "@@RLPIPE_VERDICT@@"
 # (the sandbox's own wall-clock limit is the backstop for anything that ignores signals).
 HARNESS = r'''
 import json, signal, sys
-MARK = "@@RLPIPE_VERDICT@@"
+MARK = "@@RLPIPE_VERDICT@@" + sys.stdin.readline().strip()
 spec = json.load(open("spec.json"))
 src = open("solution.py").read()
 
@@ -77,7 +84,7 @@ report(phase="tests", passed=passed, total=len(spec["tests"]), error=first_error
 
 EXPR_HARNESS = r'''
 import json, signal, sys
-MARK = "@@RLPIPE_VERDICT@@"
+MARK = "@@RLPIPE_VERDICT@@" + sys.stdin.readline().strip()
 src = open("solution.py").read().strip()
 signal.signal(signal.SIGALRM, lambda s, f: (_ for _ in ()).throw(TimeoutError("expression ran past its time budget")))
 signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))
@@ -96,14 +103,27 @@ def extract_program(response: str) -> str:
     return blocks[-1] if blocks else response
 
 
-def _verdict(stdout: str) -> dict | None:
+def _verdict(stdout: str, nonce: str) -> dict | None:
+    mark = MARK + nonce
     for line in reversed(stdout.splitlines()):
-        if line.startswith(MARK):
+        if line.startswith(mark):
             try:
-                return json.loads(line[len(MARK):])
+                return json.loads(line[len(mark):])
             except json.JSONDecodeError:
                 return None
     return None
+
+
+def _no_verdict(res, what: str) -> VerifyResult:
+    """The harness did not report. The sandbox's own wall clock is the verifier's failure; anything
+    else (memory, the process ended or was killed early) was caused by the code under test."""
+    if res.status == "timeout":
+        return VerifyResult(None, "timeout", f"sandbox wall clock exceeded ({res.wall_s:.1f} s)")
+    if "rlpipe.sandbox: sandbox setup failed" in (res.stderr or ""):
+        return VerifyResult(None, "error", f"sandbox failed: {res.stderr[-200:]}")
+    if res.status == "memory":
+        return VerifyResult(0.0, "ok", f"{what} exceeded the memory limit")
+    return VerifyResult(0.0, "ok", f"{what} ended before the harness could report (status {res.status}, exit {res.exit_code})")
 
 
 def _limits(**budget: float):
@@ -129,16 +149,13 @@ def code_tests(response: str, ground_truth: str | None, compile_s: float = 2.0, 
     from rlpipe.sandbox import run_python
 
     budget = {"compile_s": compile_s, "run_s": run_s, "test_s": test_s * len(tests)}
-    res = run_python(HARNESS, files={"solution.py": program,
+    nonce = secrets.token_hex(16)
+    res = run_python(HARNESS, stdin=nonce + "\n", files={"solution.py": program,
                                      "spec.json": json.dumps({"tests": tests, "compile_s": compile_s, "run_s": run_s, "test_s": test_s})},
                      limits=_limits(**budget))
-    verdict = _verdict(res.stdout)
+    verdict = _verdict(res.stdout, nonce)
     if verdict is None:
-        if res.status == "memory":
-            return VerifyResult(0.0, "ok", "program exceeded the memory limit")
-        if res.status == "timeout":
-            return VerifyResult(None, "timeout", f"sandbox wall clock exceeded ({res.wall_s:.1f} s)")
-        return VerifyResult(None, "error", f"no verdict from the sandbox (status {res.status}): {res.stderr[-200:]}")
+        return _no_verdict(res, "program")
     reward = verdict["passed"] / max(verdict["total"], 1)
     reason = f"{verdict['phase']}: {verdict['passed']}/{verdict['total']} passed"
     if verdict.get("error"):
@@ -155,14 +172,12 @@ def python_expr(response: str, ground_truth: str | None, budget_s: float = 1.0) 
         return VerifyResult(0.0, "ok", "empty expression")
     from rlpipe.sandbox import run_python
 
-    res = run_python(EXPR_HARNESS, files={"solution.py": expr}, argv=[str(budget_s)], limits=_limits(run_s=budget_s))
-    verdict = _verdict(res.stdout)
+    nonce = secrets.token_hex(16)
+    res = run_python(EXPR_HARNESS, stdin=nonce + "\n", files={"solution.py": expr}, argv=[str(budget_s)],
+                     limits=_limits(run_s=budget_s))
+    verdict = _verdict(res.stdout, nonce)
     if verdict is None:
-        if res.status == "memory":
-            return VerifyResult(0.0, "ok", "expression exceeded the memory limit")
-        if res.status == "timeout":
-            return VerifyResult(None, "timeout", "sandbox wall clock exceeded")
-        return VerifyResult(None, "error", f"no verdict from the sandbox (status {res.status})")
+        return _no_verdict(res, "expression")
     if "error" in verdict:
         return VerifyResult(0.0, "ok", verdict["error"])
     return VerifyResult(float(verdict["repr"] == ground_truth.strip()), "ok", f"value {verdict['repr'][:60]}")
