@@ -18,6 +18,18 @@ py=${PYTHON:-python3}
 # pip prints a warning per package for missing local index folders on some machines: hide those.
 pipq() { "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }; return "${PIPESTATUS[0]}"; }
 
+# System packages: bubblewrap for the code sandbox (libseccomp2 ships with Debian). Installed when
+# missing and we are root; otherwise the sandbox runs at a weaker level and says so.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[install] apt-get install bubblewrap"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+      || echo "[install] WARNING: could not install bubblewrap; the sandbox will run at a weaker isolation level"
+  else
+    echo "[install] WARNING: bubblewrap (bwrap) is missing; install it for full sandbox isolation"
+  fi
+fi
+
 if [ ! -f "$venv/.complete" ]; then
   echo "[install] building $venv ($flavour) — a few minutes, once per set of pins"
   start=$(date +%s)

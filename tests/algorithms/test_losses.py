@@ -36,7 +36,7 @@ def test_ppo_clip_matches_plain_loop_and_gradient_is_zero_when_clipped():
                 a = float(adv[b, t])
                 total += max(-a * r, -a * min(max(r, 0.9), 1.1))
                 n += 1
-    assert math.isclose(float(loss), total / n, rel_tol=1e-5)
+    assert math.isclose(float(loss.detach()), total / n, rel_tol=1e-5)
     loss.backward()
     ratio = torch.exp(new.detach() - old)
     clipped_out = ((adv > 0) & (ratio > 1.1)) | ((adv < 0) & (ratio < 0.9))
