@@ -43,8 +43,8 @@ def test_large_families_are_sampled_without_overlap():
 def test_expression_task_has_disjoint_targets_and_valid_references():
     from rlpipe.data import build_expressions
 
-    rows = build_expressions(DataConfig(digits=3, test_size=100, validation_size=50)).to_pylist()
-    assert len(rows) == 900 and validate_prompts(build_expressions(DataConfig(digits=3))) == []
+    rows = build_expressions(DataConfig(digits=4, test_size=100, validation_size=50)).to_pylist()
+    assert len(rows) == 9000 and validate_prompts(build_expressions(DataConfig(digits=4))) == []
     splits = {s: {r["ground_truth"] for r in rows if r["split"] == s} for s in ("train", "validation", "test")}
     assert len(splits["test"]) == 100 and not splits["train"] & splits["test"]
     for r in rows:  # every reference expression really has the target value

@@ -121,3 +121,22 @@ def test_resume_after_kill_gives_the_same_run(prefect_harness, tiny_checkpoint, 
     again = _cli(["run", "--run-id", "rl-ref", *sets], {}, api)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((settings().run_dir("rl-ref") / "summary.json").read_text())["final_policy_version"] == a["final_policy_version"]
+
+
+def test_verifier_service_down_skips_samples_and_the_run_goes_on(prefect_harness, tiny_checkpoint, even_task, monkeypatch):
+    """Scoring through RLPIPE_VERIFIER_URL while the service is down: every sample gets 'skipped'
+    (never a 0 reward), the update excludes them, an alert is recorded, and the run completes."""
+    from tests.helpers.s3server import free_port
+
+    monkeypatch.setenv("RLPIPE_VERIFIER_URL", f"http://127.0.0.1:{free_port()}")
+    sets = rl_overrides(tiny_checkpoint, "rldown", "hf", even_task, iterations=1)
+    summary = invoke(["run", "--run-id", "rl-verifier-down"] + [x for s in sets for x in ("--set", s)])
+    assert summary["iterations_done"] == 1
+    rows = open_store().read_stage(stage_prefix("rl-verifier-down", 0, "verify"), schema=TRAJECTORY_SCHEMA).to_pylist()
+    assert {r["reward_status"] for r in rows} == {"skipped"} and all(r["reward"] is None for r in rows)
+    assert "unreachable" in rows[0]["reward_reason"]
+    meta = open_store().read_manifest(stage_prefix("rl-verifier-down", 0, "verify"))["meta"]
+    assert meta["status_skipped"] == 1.0 and any("unreachable" in a for a in meta["alerts"])
+    history = json.loads((settings().run_dir("rl-verifier-down") / "progress.json").read_text())["history"]
+    assert history[0]["samples_excluded"] == 16 and history[0]["optimizer_steps"] == 0
+    assert summary["final_policy_version"] == file_weights_sha256(tiny_checkpoint)  # nothing was learned from nothing

@@ -2,8 +2,8 @@
 
 Rewards come from running the expression in the sandbox (verifier ``python_expr``), so any
 correct expression counts, not only the reference. Each row carries one reference expression
-(``solution``) for the SFT warm-up; train and test targets are disjoint. Use ``data.digits: 3``
-(900 targets) or more.
+(``solution``) for the SFT warm-up; train and test targets are disjoint. Use ``data.digits: 4``
+(9,000 targets).
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ from rlpipe.storage.schemas import PROMPT_SCHEMA
 
 
 def _reference(n: int, rng: random.Random) -> str:
-    kind = rng.choice(("add", "sub", "mul")) if n > 3 else "add"
-    if kind == "mul":
-        divisors = [d for d in range(2, int(n**0.5) + 1) if n % d == 0]
-        if divisors:
-            d = rng.choice(divisors)
-            return f"{d}*{n // d}"
-        kind = "add"
-    if kind == "sub":
-        b = rng.randint(1, max(1, n // 2))
-        return f"{n + b}-{b}"
-    a = rng.randint(1, max(1, n - 1))
-    return f"{a}+{n - a}"
+    # "a+b" with a one-digit b: copy the leading digits, adjust the last ones. Learnable by a tiny
+    # character-level model; RL may then find any other expression with the same value.
+    b = rng.randint(1, 9)
+    return f"{n - b}+{b}"
 
 
 def build_expressions(cfg: DataConfig | None = None) -> pa.Table:
