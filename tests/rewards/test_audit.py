@@ -43,13 +43,14 @@ def test_bad_label_files_name_the_line(tmp_path):
         load_labels(f)
 
 
-def test_shipped_math_and_format_sets(tmp_path):
+def test_shipped_labelled_sets(tmp_path):
     out = tmp_path / "report.json"
-    res = CliRunner().invoke(app, ["verifier", "audit", str(ROOT / "datasets/audit/math.jsonl"),
-                                   str(ROOT / "datasets/audit/format.jsonl"), "--out", str(out)])
+    res = CliRunner().invoke(app, ["verifier", "audit", *(str(ROOT / "datasets/audit" / f) for f in
+                                                          ("math.jsonl", "format.jsonl", "code.jsonl")), "--out", str(out)])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     # The shipped verifiers never reward a case labelled wrong on these sets.
     assert all(r["false_positive"] == 0 for r in report.values())
-    assert report["format"]["agreement"] == 1.0 and report["json"]["agreement"] == 1.0
+    for name in ("format", "json", "code", "python_expr"):
+        assert report[name]["agreement"] == 1.0, report[name]["disagreements"]
     assert report["math"]["agreement"] >= 0.9
