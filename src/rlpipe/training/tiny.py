@@ -1,10 +1,17 @@
 """rlpipe's own base model: a character-level tokenizer and a small Qwen2 causal LM.
 
 No model hub is reachable where rlpipe is developed and tested, so it builds its own: the
-tokenizer is a `tokenizers` WordLevel model over single characters (one token per character,
-so arithmetic is never split oddly), wrapped as a ``PreTrainedTokenizerFast`` with a ChatML
-template; the model is ``Qwen2ForCausalLM`` from a config. Both save with ``save_pretrained`` and
-load with ``transformers`` and vLLM like any hub model.
+tokenizer is a byte-level BPE with no merges — one token per byte, so ASCII text is one token per
+character and arithmetic is never split oddly — with a ChatML template; the model is
+``Qwen2ForCausalLM`` from a config. Both save with ``save_pretrained`` and load with
+``transformers`` and vLLM like any hub model.
+
+Why byte-level BPE and not a simpler WordLevel model: transformers (5.x) loads any folder whose
+config says ``qwen2`` with its own ``Qwen2Tokenizer`` pipeline (NFC, byte-level pre-tokenizer,
+BPE over the saved vocab), whatever ``tokenizer_class`` says. A tokenizer that is not exactly that
+pipeline would tokenize differently after a reload (a WordLevel one lost every space and
+newline). This one is that pipeline, so it is the same object before and after saving, in
+transformers and in vLLM.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import string
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rlpipe.config import ModelConfig
@@ -20,6 +27,20 @@ from rlpipe.config import ModelConfig
 PAD, EOS, IM_START, IM_END, UNK = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>"
 SPECIALS = [PAD, EOS, IM_START, IM_END, UNK]
 CHARS = [c for c in string.printable if c not in "\r\x0b\x0c"]  # letters, digits, punctuation, ' ', \t, \n
+
+
+def _byte_symbols() -> list[str]:
+    """The 256 byte-level symbols (GPT-2's bytes→unicode map), the ASCII ones first in CHARS order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    ascii_first = [table[ord(c)] for c in CHARS]
+    return ascii_first + [table[b] for b in range(256) if table[b] not in ascii_first]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
@@ -32,14 +53,16 @@ __all__ = ["build_char_tokenizer", "build_tiny_model", "count_parameters", "CHAT
 
 
 def build_char_tokenizer(vocab_multiple: int = 64) -> PreTrainedTokenizerFast:
-    """One token per printable ASCII character, plus pad/eos/ChatML/unk specials."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    """One token per byte (ASCII: per character), plus pad/eos/ChatML/unk specials."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + _byte_symbols())}
     # Round the vocabulary up (unused ids) so embedding rows align nicely for matmuls.
     for i in range(len(vocab), -(-len(vocab) // vocab_multiple) * vocab_multiple):
         vocab[f"<|unused{i}|>"] = i
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
