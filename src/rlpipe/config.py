@@ -98,7 +98,7 @@ class ModelConfig(_Strict):
 
 
 class SFTConfig(_Strict):
-    steps: int = Field(800, ge=1, description="Optimizer steps of supervised warm-up.")
+    steps: int = Field(2000, ge=1, description="Optimizer steps of supervised warm-up (at most; see stop_at_accuracy).")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear warm-up, then constant).")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
     batch_size: int = Field(64, ge=1, description="Prompt/solution pairs per step.")
