@@ -1,8 +1,8 @@
 """rlpipe's own base model: a character-level tokenizer and a small Qwen2 causal LM.
 
 No model hub is reachable where rlpipe is developed and tested, so it builds its own: the
-tokenizer is a byte-level BPE with no merges — one token per byte, so ASCII text is one token per
-character and arithmetic is never split oddly — with a ChatML template; the model is
+tokenizer is a byte-level BPE with no merges over printable ASCII, tab and newline — one token per
+character, so arithmetic is never split oddly — with a ChatML template; the model is
 ``Qwen2ForCausalLM`` from a config. Both save with ``save_pretrained`` and load with
 ``transformers`` and vLLM like any hub model.
 
@@ -30,7 +30,11 @@ CHARS = [c for c in string.printable if c not in "\r\x0b\x0c"]  # letters, digit
 
 
 def _byte_symbols() -> list[str]:
-    """The 256 byte-level symbols (GPT-2's bytes→unicode map), the ASCII ones first in CHARS order."""
+    """The byte-level symbols (GPT-2's bytes→unicode map) of CHARS, in CHARS order.
+
+    Only printable ASCII, tab and newline are in the vocabulary: the tasks rlpipe's tiny model
+    learns are ASCII, and a 128-row embedding keeps it small. Other bytes (non-ASCII text) have no
+    token and are dropped — the same way before and after a reload."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     table, extra = {}, 0
     for b in range(256):
@@ -39,8 +43,7 @@ def _byte_symbols() -> list[str]:
         else:
             table[b] = chr(256 + extra)
             extra += 1
-    ascii_first = [table[ord(c)] for c in CHARS]
-    return ascii_first + [table[b] for b in range(256) if table[b] not in ascii_first]
+    return [table[ord(c)] for c in CHARS]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
