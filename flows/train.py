@@ -8,7 +8,6 @@ finished (manifest written) are reused, half-written ones are redone.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -129,6 +128,3 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "wall_s": round(wall_s, 2),
     }
 
-
-def summary_path(run_id: str) -> Path:
-    return run_dir(run_id) / "summary.json"
