@@ -421,21 +421,26 @@ _slots = _SlotPool()
 # --------------------------------------------------------------------------- process sweeping
 
 
-def _uid_pids(uid: int) -> list[int]:
-    """Live (non-zombie) processes with uid among their real/effective/saved/fs uids."""
-    pids = []
+def _proc_statuses():
+    """(pid, text of /proc/<pid>/status) for every process still there when read."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status") as fh:
-                text = fh.read()
+                yield int(name), fh.read()
         except OSError:
             continue
+
+
+def _uid_pids(uid: int) -> list[int]:
+    """Live (non-zombie) processes with uid among their real/effective/saved/fs uids."""
+    pids = []
+    for pid, text in _proc_statuses():
         m = re.search(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", text, re.M)
         st = re.search(r"^State:\s+(\S)", text, re.M)
         if m and uid in map(int, m.groups()) and not (st and st.group(1) == "Z"):
-            pids.append(int(name))
+            pids.append(pid)
     return pids
 
 
@@ -530,14 +535,7 @@ def _enc(s: str) -> bytes:
 def _tasks_of_uid(uid: int) -> int:
     """Threads of all processes whose real uid is uid (what RLIMIT_NPROC counts)."""
     n = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as fh:
-                text = fh.read()
-        except OSError:
-            continue
+    for _, text in _proc_statuses():
         m = re.search(r"^Uid:\s+(\d+)", text, re.M)
         t = re.search(r"^Threads:\s+(\d+)", text, re.M)
         if m and int(m.group(1)) == uid:
