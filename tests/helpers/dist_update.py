@@ -36,6 +36,12 @@ def main() -> None:
     digest = trainer.export_weights(a.out)
     if trainer.rank == 0:
         json.dump({"metrics": metrics, "sha": digest, "world": trainer.world}, open(f"{a.out}/metrics.json", "w"))
+    # Leave the gloo group cleanly: exiting with it alive can abort a rank during interpreter teardown
+    # ("terminate called without an active exception").
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
     sys.exit(0)
 
 
