@@ -7,11 +7,10 @@ from typing import Any
 
 from prefect import flow
 
-from rlpipe.config import RunConfig
+from rlpipe.config import RunConfig, settings
+from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
 from tasks.rl import evaluate, read_progress, rollout, sync_weights, update, upload_checkpoint, verify, write_progress
-from rlpipe.config import settings
-from rlpipe.tracking.mlflow_utils import Tracker
 from tasks.tracking import register_checkpoint
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from rlpipe.config import Settings
 from rlpipe.storage.layout import check_run_id
 
-__all__ = ["new_run_id", "write_summary", "read_summary"]
+__all__ = ["new_run_id", "write_summary"]
 
 
 def new_run_id(kind: str) -> str:
@@ -29,6 +29,3 @@ def write_summary(s: Settings, run_id: str, summary: dict[str, Any]) -> Path:
     os.replace(tmp, path)
     return path
 
-
-def read_summary(s: Settings, run_id: str) -> dict[str, Any]:
-    return json.loads((s.run_dir(check_run_id(run_id)) / "summary.json").read_text())

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 TRAINER_STATE = "trainer_state.json"
-OPTIMIZER_STATE = "optimizer.pt"
 
 __all__ = ["file_weights_sha256", "load_checkpoint", "save_checkpoint", "weights_sha256", "rng_state", "set_rng_state"]
 
@@ -73,9 +72,10 @@ def save_checkpoint(
     model: Any,
     tokenizer: Any,
     trainer_state: dict[str, Any] | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
 ) -> str:
-    """Write weights, tokenizer and trainer state; returns the weight sha256 of what was written."""
+    """Write weights, tokenizer and trainer state; returns the weight sha256 of what was written.
+
+    (The RL trainer's optimizer state is DeepSpeed's: see ``PolicyTrainer.save``.)"""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
@@ -84,8 +84,6 @@ def save_checkpoint(
     state = dict(trainer_state or {})
     state["weights_sha256"] = digest
     (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))
-    if optimizer is not None:
-        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, folder / OPTIMIZER_STATE)
     return digest
 
 
