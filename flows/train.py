@@ -47,10 +47,13 @@ def train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     if resume_dir:
         log.info("resuming run %s at iteration %d from %s", run_id, first, resume_dir)
     model_dir = _local_model(config.task.policy_model, config)
-    ref_spec = config.task.ref_model
-    if ref_spec:
+    ref_spec, critic_spec = config.task.ref_model, config.train.critic.model
+    if ref_spec or critic_spec:
         config = config.model_copy(deep=True)
-        config.task.ref_model = _local_model(ref_spec, config)
+        if ref_spec:
+            config.task.ref_model = _local_model(ref_spec, config)
+        if critic_spec:
+            config.train.critic.model = _local_model(critic_spec, config)
     try:
         services = start_services(config, run_id, dataset, model_dir, resume_dir)
         if "base_accuracy" not in progress:

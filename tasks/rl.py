@@ -83,7 +83,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     engine_s = time.perf_counter() - start
     trainer = PolicyTrainer(
         model_dir=model_dir, cfg=config.train, temperature=config.rollout.temperature or 1.0, seed=config.seed,
-        ref_model_dir=config.task.ref_model, resume_dir=resume_dir,
+        ref_model_dir=config.task.ref_model, resume_dir=resume_dir, max_new_tokens=config.rollout.max_new_tokens,
     )
     expected = file_weights_sha256(policy_dir)
     if engine.weights_sha256() != expected:

@@ -127,6 +127,11 @@ class RewardConfig(_Strict):
     workers: int = Field(2, ge=1, le=64, description="Verifier worker processes (bounded concurrency).")
     timeout_s: float = Field(5.0, gt=0, description="Hard wall-clock limit per sample; a hung worker is killed and the sample gets status 'timeout'.")
     plugins: list[str] = Field(default_factory=list, description="Python modules imported in verifier workers to register extra verifiers.")
+    overlong_buffer: int | None = Field(
+        None, ge=1, description="DAPO soft overlong punishment: responses longer than max_new_tokens − buffer lose "
+        "up to overlong_penalty linearly (null: off)."
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="Largest overlong punishment (reached at max_new_tokens).")
     endpoint: str | None = Field(
         None,
         description="Verifier/reward-model service; set RLPIPE_VERIFIER_URL / RLPIPE_REWARD_MODEL_URL instead. "
@@ -146,6 +151,11 @@ class RolloutConfig(_Strict):
     max_new_tokens: int = Field(8, ge=1, description="Longest response in tokens.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO dynamic sampling: drop groups whose rewards are all equal and draw more prompts "
+        "until batch_size groups with signal are in hand (or max_extra_draws is spent)."
+    )
+    max_extra_draws: int = Field(3, ge=0, description="Dynamic sampling: most extra draws of batch_size prompts per iteration.")
 
 
 class AgentConfig(_Strict):
@@ -154,14 +164,65 @@ class AgentConfig(_Strict):
     episode_timeout_sec: float = Field(60.0, gt=0, description="Wall-clock limit of one episode.")
 
 
+class CriticConfig(_Strict):
+    """The value model of estimators that need one (``gae``: PPO). A separate model with its own optimizer."""
+
+    model: str | None = Field(
+        None, description="Where the critic's trunk starts (same forms as task.policy_model); default: the policy's "
+        "starting weights. A scalar value head is added on top."
+    )
+    lr: float = Field(1e-4, gt=0, description="Critic learning rate (its own AdamW inside the same trainer).")
+    value_clip: float | None = Field(0.2, gt=0, description="Clip of V − V_old in the value loss; null: unclipped.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the critic's global gradient norm to this value.")
+
+
 class TrainConfig(_Strict):
-    algorithm: str = Field("grpo", description="Registered algorithm name (advantage estimator + policy loss).")
+    algorithm: str = Field(
+        "grpo", description="Registered algorithm: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, reinforce_pp_baseline, "
+        "ppo (advantage estimator + policy loss + loss aggregation; see rlpipe.algorithms)."
+    )
+    advantage: str | None = Field(None, description="Override the algorithm's advantage estimator (registered name).")
+    policy_loss: str | None = Field(None, description="Override the algorithm's policy loss (registered name).")
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "constant"] | None = Field(
+        None, description="How token losses are reduced; null: the algorithm's own (grpo token_mean, dr_grpo constant, "
+        "gspo seq_mean_token_mean)."
+    )
+    loss_agg_constant: float | None = Field(
+        None, gt=0, description="Per-sequence normaliser of loss_agg_mode 'constant'; default: rollout.max_new_tokens."
+    )
     lr: float = Field(3e-5, gt=0, description="Policy learning rate.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference model (0 = none).")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator (Schulman 2020).")
+    kl_coef: float = Field(0.0, ge=0, description="KL coefficient β to the reference model (0 = none; the adaptive "
+                           "controller's start value when kl_target is set).")
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = Field(
+        "k3", description="Per-token KL estimator (Schulman 2020); low_var_kl is k3 clamped to ±10."
+    )
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss", description="Where the KL penalty goes: a loss term (GRPO) or subtracted from the token rewards "
+        "(PPO/REINFORCE++ style)."
+    )
+    kl_target: float | None = Field(
+        None, gt=0, description="Adaptive KL controller (Ziegler et al. 2019): steer β so the measured KL tracks this "
+        "value; null: β fixed at kl_coef."
+    )
+    kl_horizon: int = Field(10_000, ge=1, description="Adaptive KL controller horizon, in samples.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: loss −= coef · entropy of the policy.")
     norm_adv_by_std: bool = Field(True, description="GRPO: divide group-centred rewards by the group's std.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of token rewards (gae, reinforce_pp).")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE λ (gae).")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range ε of the importance ratio.")
+    clip_ratio_low: float | None = Field(None, gt=0, description="Lower clip range ε_low; default: clip_ratio.")
+    clip_ratio_high: float | None = Field(
+        None, gt=0, description="Upper clip range ε_high (DAPO 'clip-higher': larger than ε_low); default: clip_ratio."
+    )
+    dual_clip: float | None = Field(
+        None, gt=1, description="Dual-clip bound c > 1: tokens with negative advantage lose at most −A·c (null: off)."
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each iteration's samples.")
+    mask_truncated: bool = Field(
+        False, description="DAPO overlong filtering: responses cut at max_new_tokens take no part in the loss."
+    )
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (only built for 'gae').")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
     micro_batch_size: int = Field(64, ge=1, description="Completions per forward/backward (per rank).")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
@@ -170,15 +231,44 @@ class TrainConfig(_Strict):
     eval_interval: int = Field(5, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
     eval_size: int | None = Field(None, ge=1, description="Held-out questions per evaluation; default: the whole test split.")
 
+    def resolved(self) -> dict[str, str]:
+        """The advantage estimator, policy loss and loss aggregation this config trains with."""
+        from rlpipe.algorithms import algorithm
+
+        base = algorithm(self.algorithm)
+        return {
+            "advantage": self.advantage or base["advantage"],
+            "policy_loss": self.policy_loss or base["policy_loss"],
+            "loss_agg_mode": self.loss_agg_mode or base["loss_agg_mode"],
+        }
+
     def advantage_kwargs(self) -> dict[str, object]:
-        return {"norm_by_std": self.norm_adv_by_std}
+        return {"norm_by_std": self.norm_adv_by_std, "gamma": self.gamma, "lam": self.lam}
+
+    def loss_kwargs(self) -> dict[str, object]:
+        return {"clip_low": self.clip_ratio_low or self.clip_ratio, "clip_high": self.clip_ratio_high or self.clip_ratio,
+                "dual_clip": self.dual_clip}
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0 or self.kl_target is not None
 
     @model_validator(mode="after")
     def _micro_fits(self) -> "TrainConfig":
+        from rlpipe.algorithms import ADVANTAGES, ALGORITHMS, POLICY_LOSSES
+
         if self.micro_batch_size > self.batch_size:
             raise ValueError(
                 f"micro_batch_size ({self.micro_batch_size}) exceeds batch_size ({self.batch_size}); lower it"
             )
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+        if self.advantage is not None and self.advantage not in ADVANTAGES:
+            raise ValueError(f"unknown advantage {self.advantage!r}; valid: {', '.join(ADVANTAGES.names())}")
+        if self.policy_loss is not None and self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy_loss {self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}")
+        if self.kl_target is not None and self.kl_coef <= 0:
+            raise ValueError("kl_target (adaptive KL) needs a starting kl_coef > 0, e.g. 0.01")
         return self
 
 
@@ -227,6 +317,15 @@ class RunConfig(_Strict):
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Object store for runs.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        buf = self.reward.overlong_buffer
+        if buf is not None and buf >= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"reward.overlong_buffer ({buf}) must be below rollout.max_new_tokens ({self.rollout.max_new_tokens})"
+            )
+        return self
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of this config (defaults filled in)."""

@@ -18,7 +18,7 @@ def fixed_batch(n: int = 48) -> list[Sample]:
         prompt = [rng.randrange(5, 90) for _ in range(rng.randint(3, 7))]
         resp = [rng.randrange(5, 90) for _ in range(rng.randint(1, 5))]
         reward = None if i % 11 == 5 else float(rng.random() < 0.5)
-        out.append(Sample(prompt, resp, [rng.uniform(-3, -0.1) for _ in resp], reward, i // 6))
+        out.append(Sample(prompt, resp, [rng.uniform(-3, -0.1) for _ in resp], reward, i // 6, truncated=len(resp) == 5))
     return out
 
 
@@ -28,10 +28,16 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--kl", type=float, default=0.0)
+    ap.add_argument("--set", action="append", default=[], help="extra TrainConfig field=value (YAML value)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = TrainConfig(batch_size=16, micro_batch_size=4, zero_stage=a.zero, lr=1e-3, kl_coef=a.kl)
-    trainer = PolicyTrainer(model_dir=a.model, cfg=cfg, seed=0)
+    import yaml
+
+    extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in a.set)}
+    if "critic_lr" in extra:
+        extra["critic"] = {"lr": extra.pop("critic_lr")}
+    cfg = TrainConfig(**({"batch_size": 16, "micro_batch_size": 4, "zero_stage": a.zero, "lr": 1e-3, "kl_coef": a.kl} | extra))
+    trainer = PolicyTrainer(model_dir=a.model, cfg=cfg, seed=0, max_new_tokens=5)
     metrics = trainer.update(fixed_batch(), iteration=0)
     digest = trainer.export_weights(a.out)
     if trainer.rank == 0:

@@ -1,14 +1,30 @@
 """RL maths as pure tensor functions registered by name: advantages, policy losses, KL estimators.
 
-An *algorithm* (``train.algorithm``) names an advantage estimator and a policy loss.
+An *algorithm* (``train.algorithm``) names an advantage estimator, a policy loss and the loss
+aggregation it is defined with; ``train.advantage`` / ``train.policy_loss`` / ``train.loss_agg_mode``
+override any of the three. The presets in ``configs/`` add each method's published settings
+(clip ranges, KL placement, sampling rules).
 """
 
-from rlpipe.algorithms.advantages import ADVANTAGES, AdvantageInput, compute_advantages, register_advantage
-from rlpipe.algorithms.kl import KL_ESTIMATORS, kl_penalty, register_kl
-from rlpipe.algorithms.losses import POLICY_LOSSES, policy_loss, register_policy_loss
+from rlpipe.algorithms.advantages import (
+    ADVANTAGES, NEEDS_CRITIC, AdvantageInput, AdvantageOutput, compute_advantages, register_advantage,
+)
+from rlpipe.algorithms.kl import (
+    KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_controller, kl_penalty, register_kl,
+)
+from rlpipe.algorithms.losses import (
+    AGG_MODES, POLICY_LOSSES, LossAgg, aggregate, explained_variance, policy_loss, register_policy_loss, value_loss,
+)
 
 ALGORITHMS: dict[str, dict[str, str]] = {
-    "grpo": {"advantage": "grpo", "policy_loss": "ppo_clip"},
+    "grpo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
+    "dr_grpo": {"advantage": "dr_grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "constant"},
+    "dapo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
+    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg_mode": "seq_mean_token_mean"},
+    "rloo": {"advantage": "rloo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
+    "reinforce_pp": {"advantage": "reinforce_pp", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
+    "ppo": {"advantage": "gae", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
 }
 
 
@@ -20,6 +36,8 @@ def algorithm(name: str) -> dict[str, str]:
 
 
 __all__ = [
-    "ADVANTAGES", "ALGORITHMS", "AdvantageInput", "KL_ESTIMATORS", "POLICY_LOSSES", "algorithm",
-    "compute_advantages", "kl_penalty", "policy_loss", "register_advantage", "register_kl", "register_policy_loss",
+    "ADVANTAGES", "AGG_MODES", "ALGORITHMS", "AdaptiveKLController", "AdvantageInput", "AdvantageOutput",
+    "FixedKLController", "KL_ESTIMATORS", "LossAgg", "NEEDS_CRITIC", "POLICY_LOSSES", "aggregate", "algorithm",
+    "compute_advantages", "explained_variance", "kl_controller", "kl_penalty", "policy_loss", "register_advantage",
+    "register_kl", "register_policy_loss", "value_loss",
 ]

@@ -102,7 +102,7 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
     for r in table.to_pylist():
         g = groups.setdefault(r["prompt_id"], len(groups))
         out.append(Sample(r["prompt_token_ids"], r["response_token_ids"], r["logprobs"],
-                          r["reward"] if r["reward_status"] == "ok" else None, g, r["loss_mask"]))
+                          r["reward"] if r["reward_status"] == "ok" else None, g, r["loss_mask"], bool(r["truncated"])))
     return out
 
 

@@ -1,14 +1,20 @@
-"""The policy trainer: a DeepSpeed engine that keeps model and optimizer in memory across iterations.
+"""The policy trainer: DeepSpeed engines that keep policy, critic and optimizers in memory across iterations.
 
-One :meth:`PolicyTrainer.update` call per RL iteration: the iteration's scored samples are split
-into mini-batches of ``train.batch_size`` completions (one optimizer step each), every mini-batch
-into ``gradient_accumulation_steps × world_size`` micro-batch slots (slot s runs on rank
-s mod world). Log-probs are recomputed under the current policy; the loss is normalised by the
-token count of the whole mini-batch and pre-multiplied by (GAS × world) to undo DeepSpeed's
-averaging, so any split into micro-batches or ranks yields the same gradient (tested: 2 ranks
-== 1 rank).
+One :meth:`PolicyTrainer.update` call per RL iteration:
 
-deepspeed is imported inside the trainer, never at module import.
+1. a no-grad pass gives the reference log-probs (when a KL term is on) and the critic's values
+   (for ``gae``) of every sample;
+2. the configured advantage estimator turns rewards (minus β·KL when KL is in the reward) into
+   per-token advantages (and value targets);
+3. ``ppo_epochs`` passes split the samples into mini-batches of ``train.batch_size`` completions
+   (one optimizer step each) and every mini-batch into ``gradient_accumulation_steps × world_size``
+   micro-batch slots (slot s runs on rank s mod world). The loss is aggregated with the counts of
+   the whole mini-batch and pre-multiplied by (GAS × world) to undo DeepSpeed's averaging, so any
+   split into micro-batches or ranks yields the same gradient (tested: 2 ranks == 1 rank).
+
+The critic (``gae`` only) is a separate model (the policy's trunk + a scalar head) with its own
+AdamW in a second DeepSpeed engine; it steps with the policy. deepspeed is imported inside the
+trainer, never at module import.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlpipe.algorithms import algorithm, compute_advantages, kl_penalty, policy_loss
-from rlpipe.algorithms.advantages import AdvantageInput
+from rlpipe.algorithms import (
+    NEEDS_CRITIC, AdvantageInput, LossAgg, aggregate, compute_advantages, explained_variance, kl_controller,
+    kl_penalty, policy_loss, value_loss,
+)
 from rlpipe.algorithms.functional import entropy_from_logits, token_logprobs
 from rlpipe.config import TrainConfig
 from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256, rng_state, set_rng_state
@@ -44,11 +52,16 @@ class Sample:
     old_logprobs: list[float]  # sampling log-probs, one per response token
     reward: float | None  # None unless the reward status is ok
     group: int  # samples of the same prompt share a group
-    loss_mask: list[int] | None = None  # per response token; None = all 1
+    loss_mask: list[int] | None = None  # per response token: 1 on the policy's own tokens; None = all 1
+    truncated: bool = False  # cut at max_new_tokens
 
     @property
     def valid(self) -> bool:
         return self.reward is not None and math.isfinite(self.reward)
+
+    @property
+    def action_mask(self) -> list[int]:
+        return list(self.loss_mask) if self.loss_mask is not None else [1] * len(self.response_ids)
 
 
 def _free_port() -> int:
@@ -81,34 +94,53 @@ class _Micro:
     attention_mask: torch.Tensor  # (b, L)
     targets: torch.Tensor  # (b, L-1) next-token ids
     mask: torch.Tensor  # (b, L-1) 1 where the target is a trained response token
-    old_logprobs: torch.Tensor  # (b, L-1)
-    advantages: torch.Tensor  # (b, L-1)
+    action: torch.Tensor  # (b, L-1) 1 on the policy's response tokens (the critic's mask)
+    tok: dict[str, torch.Tensor]  # (b, L-1) per-token inputs: old_logprobs, advantages, ref_logprobs, …
 
 
-def _collate(samples: Sequence[Sample], adv: Sequence[float], pad_id: int) -> _Micro:
+def _collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[float]]], pad_id: int,
+             train_masks: Sequence[Sequence[float]] | None = None) -> _Micro:
+    """Pad prompt+response sequences; place response-aligned values at the positions that predict them."""
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     b = len(samples)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     att = torch.zeros((b, width), dtype=torch.long)
     mask = torch.zeros((b, width - 1))
-    old = torch.zeros((b, width - 1))
-    advs = torch.zeros((b, width - 1))
-    for i, (s, a) in enumerate(zip(samples, adv)):
+    action = torch.zeros((b, width - 1))
+    tok = {k: torch.zeros((b, width - 1)) for k in per_token}
+    for i, s in enumerate(samples):
         seq = s.prompt_ids + s.response_ids
         ids[i, : len(seq)] = torch.tensor(seq)
         att[i, : len(seq)] = 1
         p, r = len(s.prompt_ids), len(s.response_ids)
+        if r == 0:
+            continue
         # Position t predicts token t+1: response token j sits at p+j and is predicted at p+j-1.
-        lm = torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * r, dtype=torch.float32)
-        mask[i, p - 1 : p - 1 + r] = lm
-        old[i, p - 1 : p - 1 + r] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-        advs[i, p - 1 : p - 1 + r] = a
-    return _Micro(ids, att, ids[:, 1:], mask, old, advs)
+        action[i, p - 1 : p - 1 + r] = torch.tensor(s.action_mask, dtype=torch.float32)
+        mask[i, p - 1 : p - 1 + r] = torch.tensor(train_masks[i] if train_masks is not None else s.action_mask, dtype=torch.float32)
+        for k, rows in per_token.items():
+            tok[k][i, p - 1 : p - 1 + r] = torch.as_tensor(rows[i], dtype=torch.float32)
+    return _Micro(ids, att, ids[:, 1:], mask, action, tok)
+
+
+def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    """Response-aligned (N, width) tensor from ragged per-sample lists (zero padded)."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+    return out
+
+
+# Summed over micro-batches and ranks: *_sum are per-mini-batch loss values (divided by the step
+# count), *_tok are token-weighted (divided by the token count).
+_STAT_KEYS = ("pg_loss_sum", "kl_loss_sum", "entropy_loss_sum", "vf_loss_sum", "tokens", "critic_tokens",
+              "clip_frac_tok", "approx_kl_old_tok", "entropy_tok", "vf_clip_frac_tok", "value_mse_tok")
 
 
 @dataclass
 class PolicyTrainer:
-    """Holds the DeepSpeed engine (policy + optimizer) and the frozen reference model."""
+    """Holds the DeepSpeed engines (policy + optimizer, critic + optimizer) and the frozen reference model."""
 
     model_dir: str
     cfg: TrainConfig
@@ -116,6 +148,7 @@ class PolicyTrainer:
     seed: int = 0
     ref_model_dir: str | None = None
     resume_dir: str | None = None
+    max_new_tokens: int | None = None  # the constant of loss_agg_mode 'constant' unless loss_agg_constant is set
     state: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -130,55 +163,129 @@ class PolicyTrainer:
                 f"({self.cfg.micro_batch_size}) × ranks ({self.world})"
             )
         self.gas = slots // self.world
+        self.parts = self.cfg.resolved()
+        self.agg_constant = self.cfg.loss_agg_constant or self.max_new_tokens
+        if self.parts["loss_agg_mode"] == "constant" and not self.agg_constant:
+            raise ValueError("loss_agg_mode 'constant' needs train.loss_agg_constant (or the rollout's max_new_tokens)")
         torch.manual_seed(self.seed)
         src = self.resume_dir or self.model_dir
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(src)
-        self.algo = algorithm(self.cfg.algorithm)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)
+        self.ref = None
+        if self.cfg.uses_reference:
+            self.ref = AutoModelForCausalLM.from_pretrained(self.ref_model_dir or self.model_dir, dtype=torch.float32)
+            self.ref.eval().requires_grad_(False)
+        self.critic = None
+        if self.parts["advantage"] in NEEDS_CRITIC:
+            self.critic = self._engine(self._build_critic(), self.cfg.critic.lr, self.cfg.critic.grad_clip)
+        self.kl_ctl = kl_controller(self.cfg.kl_coef, self.cfg.kl_target, self.cfg.kl_horizon)
+        if self.resume_dir:
+            self._load_state(Path(self.resume_dir))
+
+    def _engine(self, model: Any, lr: float, grad_clip: float) -> Any:
+        import deepspeed
+
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         ds_config = {
             "train_batch_size": self.cfg.batch_size,
             "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
             "gradient_accumulation_steps": self.gas,
-            "gradient_clipping": self.cfg.grad_clip,
+            "gradient_clipping": grad_clip,
             "zero_optimization": {"stage": self.cfg.zero_stage},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        self.ref = None
-        if self.cfg.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(self.ref_model_dir or self.model_dir, dtype=torch.float32)
-            self.ref.eval().requires_grad_(False)
-        if self.resume_dir:
-            self._load_state(Path(self.resume_dir))
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        return engine
+
+    def _build_critic(self) -> Any:
+        """The policy's trunk with a scalar head (HF token classification, 1 label, no dropout)."""
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        src = self.cfg.critic.model or self.model_dir
+        config = AutoConfig.from_pretrained(src, num_labels=1)
+        config.classifier_dropout = 0.0  # else 0.1: noisy values
+        # The head is new: seed its init so every rank (and a rerun) starts from the same critic.
+        torch.manual_seed(self.seed + 17)
+        critic = AutoModelForTokenClassification.from_pretrained(src, config=config, dtype=torch.float32)
+        torch.manual_seed(self.seed)
+        return critic
 
     # -- the update -------------------------------------------------------------------------
     def _forward(self, micro: _Micro, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
         return token_logprobs(logits, micro.targets, self.temperature), logits
 
-    def _micro_loss(self, micro: _Micro, normalizer: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _values(self, micro: _Micro, model: Any) -> torch.Tensor:
+        """V(s_t) at each position that predicts a token: (b, L-1)."""
+        return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1, 0].float()
+
+    @torch.no_grad()
+    def _precompute(self, samples: Sequence[Sample]) -> dict[str, list[list[float]]]:
+        """Reference log-probs and/or critic values of every sample, response-aligned."""
+        out: dict[str, list[list[float]]] = {}
+        if self.ref is None and self.critic is None:
+            return out
+        if self.ref is not None:
+            out["ref_logprobs"] = []
+        if self.critic is not None:
+            out["values"] = []
+            self.critic.module.eval()
+        step = self.cfg.micro_batch_size
+        for start in range(0, len(samples), step):
+            chunk = samples[start : start + step]
+            micro = _collate(chunk, {}, self.tokenizer.pad_token_id)
+            ref_lp = self._forward(micro, self.ref)[0] if self.ref is not None else None
+            values = self._values(micro, self.critic.module) if self.critic is not None else None
+            for i, s in enumerate(chunk):
+                p, r = len(s.prompt_ids), len(s.response_ids)
+                if ref_lp is not None:
+                    out["ref_logprobs"].append(ref_lp[i, p - 1 : p - 1 + r].tolist())
+                if values is not None:
+                    out["values"].append(values[i, p - 1 : p - 1 + r].tolist())
+        return out
+
+    def _micro_loss(self, micro: _Micro, agg: LossAgg, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs, logits = self._forward(micro, self.engine)
         scale = self.gas * self.world  # undo DeepSpeed's mean over accumulation steps and ranks
         pg, pm = policy_loss(
-            self.algo["policy_loss"], logprobs, micro.old_logprobs, micro.advantages, micro.mask,
-            clip_ratio=self.cfg.clip_ratio, normalizer=normalizer,
+            self.parts["policy_loss"], logprobs, micro.tok["old_logprobs"], micro.tok["advantages"], micro.mask,
+            agg=agg, **self.cfg.loss_kwargs(),
         )
         loss = pg
         tokens = float(micro.mask.sum())
-        stats = {"pg_loss": float(pg.detach()) * normalizer, "tokens": tokens,
-                 "clip_frac": float(pm["clip_frac"]) * tokens, "approx_kl_old": float(pm["approx_kl_old"]) * tokens}
-        with torch.no_grad():
-            stats["entropy"] = float((entropy_from_logits(logits, self.temperature) * micro.mask).sum())
-        if self.ref is not None:
+        stats = {"pg_loss_sum": float(pg.detach()), "tokens": tokens,
+                 "clip_frac_tok": float(pm["clip_frac"]) * tokens, "approx_kl_old_tok": float(pm["approx_kl_old"]) * tokens}
+        if self.cfg.entropy_coef > 0:
+            ent = entropy_from_logits(logits, self.temperature)
+            ent_term = aggregate(ent, micro.mask, agg)
+            loss = loss - self.cfg.entropy_coef * ent_term
+            stats["entropy_loss_sum"] = float(ent_term.detach())
+        else:
             with torch.no_grad():
-                ref_lp, _ = self._forward(micro, self.ref)
-            kl = kl_penalty(logprobs, ref_lp, self.cfg.kl_estimator)
-            kl_term = (kl * micro.mask).sum() / normalizer
-            loss = loss + self.cfg.kl_coef * kl_term
-            stats["kl"] = float(kl_term.detach()) * normalizer
+                ent = entropy_from_logits(logits, self.temperature)
+        stats["entropy_tok"] = float((ent.detach() * micro.mask).sum())
+        if self.ref is not None and self.cfg.kl_in == "loss":
+            kl = kl_penalty(logprobs, micro.tok["ref_logprobs"], self.cfg.kl_estimator)
+            kl_term = aggregate(kl, micro.mask, agg)
+            loss = loss + beta * kl_term
+            stats["kl_loss_sum"] = float(kl_term.detach())
         return loss * scale, stats
+
+    def _critic_loss(self, micro: _Micro, agg: LossAgg) -> tuple[torch.Tensor, dict[str, float]]:
+        values = self._values(micro, self.critic)
+        vl, vm = value_loss(values, micro.tok["old_values"], micro.tok["returns"], micro.action,
+                            clip=self.cfg.critic.value_clip, agg=agg)
+        tokens = float(micro.action.sum())
+        stats = {"vf_loss_sum": float(vl.detach()), "critic_tokens": tokens,
+                 "vf_clip_frac_tok": float(vm["vf_clip_frac"]) * tokens, "value_mse_tok": float(vm["value_mse"]) * tokens}
+        return vl * self.gas * self.world, stats
+
+    def _train_mask(self, s: Sample) -> list[int]:
+        if self.cfg.mask_truncated and s.truncated:
+            return [0] * len(s.response_ids)
+        return s.action_mask
 
     def update(self, samples: Sequence[Sample], iteration: int) -> dict[str, float]:
         """One iteration's optimizer steps on scored samples; invalid ones are left out and counted."""
@@ -186,72 +293,137 @@ class PolicyTrainer:
         metrics: dict[str, float] = {"samples": len(samples), "samples_excluded": len(samples) - len(valid)}
         if not valid:
             return metrics | {"optimizer_steps": 0}
+        pre = self._precompute(valid)
+        width = max(1, max(len(s.response_ids) for s in valid))
+        action = _aligned([s.action_mask for s in valid], width)
+        old_lp = _aligned([s.old_logprobs for s in valid], width)
+        beta = self.kl_ctl.value
+        rollout_kl = None
+        penalty = None
+        if "ref_logprobs" in pre:
+            token_kl = kl_penalty(old_lp, _aligned(pre["ref_logprobs"], width), self.cfg.kl_estimator) * action
+            rollout_kl = float(token_kl.sum() / action.sum().clamp_min(1.0))
+            if self.cfg.kl_in == "reward":
+                penalty = beta * token_kl
+        values = _aligned(pre["values"], width) if "values" in pre else None
         adv_in = AdvantageInput(
             rewards=torch.tensor([s.reward for s in valid], dtype=torch.float32),
             group_ids=torch.tensor([s.group for s in valid]),
             valid=torch.ones(len(valid), dtype=torch.bool),
-            response_mask=torch.ones(len(valid), 1),
+            response_mask=action, token_penalty=penalty, values=values,
         )
-        adv, adv_metrics = compute_advantages(self.algo["advantage"], adv_in, **self.cfg.advantage_kwargs())
-        seq_adv = adv[:, 0].tolist()
-        # A seeded shuffle per iteration: identical on every rank and after a resume.
-        order = list(range(len(valid)))
-        random.Random(self.seed * 1_000_003 + iteration).shuffle(order)
+        adv_out = compute_advantages(self.parts["advantage"], adv_in, **self.cfg.advantage_kwargs())
+        lengths = [len(s.response_ids) for s in valid]
+        per_token: dict[str, list[list[float]]] = {
+            "old_logprobs": [s.old_logprobs for s in valid],
+            "advantages": [adv_out.advantages[i, : n].tolist() for i, n in enumerate(lengths)],
+        }
+        if "ref_logprobs" in pre:
+            per_token["ref_logprobs"] = pre["ref_logprobs"]
+        if self.critic is not None:
+            per_token["old_values"] = pre["values"]
+            per_token["returns"] = [adv_out.returns[i, : n].tolist() for i, n in enumerate(lengths)]
+        train_masks = [self._train_mask(s) for s in valid]
+
         sums: dict[str, float] = {}
-        grad_norms = []
+        grad_norms: list[float] = []
+        critic_norms: list[float] = []
         steps = 0
         self.engine.train()
-        for start in range(0, len(order), self.cfg.batch_size):
-            idx = order[start : start + self.cfg.batch_size]
-            normalizer = float(sum(sum(valid[i].loss_mask or [1] * len(valid[i].response_ids)) for i in idx)) or 1.0
-            slots = np.array_split(np.array(idx), self.gas * self.world)
-            for k in range(self.gas):
-                slot = slots[k * self.world + self.rank]
-                if len(slot):
-                    micro = _collate([valid[i] for i in slot], [seq_adv[i] for i in slot], self.tokenizer.pad_token_id)
-                    loss, stats = self._micro_loss(micro, normalizer)
-                else:  # an empty slot still takes part in the collective step
-                    loss = sum(p.sum() for p in self.engine.module.parameters()) * 0.0
-                    stats = {}
-                self.engine.backward(loss)
-                if k == self.gas - 1 and self.cfg.zero_stage == 0:
-                    grad_norms.append(self._grad_norm())
-                self.engine.step()
-                for key, v in stats.items():
-                    sums[key] = sums.get(key, 0.0) + v
-            if self.cfg.zero_stage > 0:
-                gn = self.engine.get_global_grad_norm()
-                grad_norms.append(float(gn) if gn is not None else float("nan"))
-            steps += 1
+        if self.critic is not None:
+            self.critic.train()
+        for epoch in range(self.cfg.ppo_epochs):
+            # A seeded shuffle per iteration and epoch: identical on every rank and after a resume.
+            order = list(range(len(valid)))
+            random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch).shuffle(order)
+            for start in range(0, len(order), self.cfg.batch_size):
+                idx = order[start : start + self.cfg.batch_size]
+                n_tok = float(sum(sum(train_masks[i]) for i in idx))
+                n_seq = float(sum(1 for i in idx if sum(train_masks[i]) > 0))
+                agg = LossAgg(self.parts["loss_agg_mode"], n_tok, n_seq, self.agg_constant)
+                critic_agg = LossAgg("token_mean", float(sum(sum(valid[i].action_mask) for i in idx)))
+                slots = np.array_split(np.array(idx), self.gas * self.world)
+                for k in range(self.gas):
+                    slot = [int(i) for i in slots[k * self.world + self.rank]]
+                    stats: dict[str, float] = {}
+                    if slot:
+                        micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in per_token.items()},
+                                         self.tokenizer.pad_token_id, [train_masks[i] for i in slot])
+                        loss, stats = self._micro_loss(micro, agg, beta)
+                    else:  # an empty slot still takes part in the collective step
+                        loss = sum(p.sum() for p in self.engine.module.parameters()) * 0.0
+                    self.engine.backward(loss)
+                    if k == self.gas - 1 and self.cfg.zero_stage == 0:
+                        grad_norms.append(self._grad_norm(self.engine))
+                    self.engine.step()
+                    if self.critic is not None:
+                        if slot:
+                            vloss, vstats = self._critic_loss(micro, critic_agg)
+                            stats |= vstats
+                        else:
+                            vloss = sum(p.sum() for p in self.critic.module.parameters()) * 0.0
+                        self.critic.backward(vloss)
+                        if k == self.gas - 1 and self.cfg.zero_stage == 0:
+                            critic_norms.append(self._grad_norm(self.critic))
+                        self.critic.step()
+                    for key, v in stats.items():
+                        sums[key] = sums.get(key, 0.0) + v
+                if self.cfg.zero_stage > 0:
+                    grad_norms.append(self._ds_grad_norm(self.engine))
+                    if self.critic is not None:
+                        critic_norms.append(self._ds_grad_norm(self.critic))
+                steps += 1
         sums = self._all_reduce(sums)
         tokens = max(sums.get("tokens", 0.0), 1.0)
+        pg = sums.get("pg_loss_sum", 0.0) / steps
+        kl_loss = sums.get("kl_loss_sum", 0.0) / steps
+        ent_loss = sums.get("entropy_loss_sum", 0.0) / steps
         metrics |= {
             "optimizer_steps": steps,
-            "loss": (sums.get("pg_loss", 0.0) + self.cfg.kl_coef * sums.get("kl", 0.0)) / tokens,
-            "pg_loss": sums.get("pg_loss", 0.0) / tokens,
-            "kl": sums.get("kl", 0.0) / tokens,
-            "entropy": sums.get("entropy", 0.0) / tokens,
-            "clip_frac": sums.get("clip_frac", 0.0) / tokens,
-            "approx_kl_old": sums.get("approx_kl_old", 0.0) / tokens,
+            "loss": pg + beta * kl_loss - self.cfg.entropy_coef * ent_loss,
+            "pg_loss": pg,
+            "kl_loss": kl_loss,
+            "entropy": sums.get("entropy_tok", 0.0) / tokens,
+            "clip_frac": sums.get("clip_frac_tok", 0.0) / tokens,
+            "approx_kl_old": sums.get("approx_kl_old_tok", 0.0) / tokens,
             "grad_norm": float(np.nanmean(grad_norms)) if grad_norms else float("nan"),
             "tokens": sums.get("tokens", 0.0),
-        } | {f"adv_{k}": v for k, v in adv_metrics.items()}
+            "kl_coef": beta,
+        } | {f"adv_{k}": v for k, v in adv_out.metrics.items()}
+        if rollout_kl is not None:
+            metrics["kl"] = rollout_kl
+            self.kl_ctl.update(rollout_kl, len(valid))
+        if self.critic is not None:
+            ctok = max(sums.get("critic_tokens", 0.0), 1.0)
+            metrics |= {
+                "vf_loss": sums.get("vf_loss_sum", 0.0) / steps,
+                "vf_clip_frac": sums.get("vf_clip_frac_tok", 0.0) / ctok,
+                "value_mse": sums.get("value_mse_tok", 0.0) / ctok,
+                "explained_variance": explained_variance(values, adv_out.returns, action),
+                "critic_grad_norm": float(np.nanmean(critic_norms)) if critic_norms else float("nan"),
+            }
         self.state["iteration"] = iteration
+        self.state["kl_controller"] = self.kl_ctl.state_dict()
         return metrics
 
-    def _grad_norm(self) -> float:
-        sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in self.engine.module.parameters() if p.grad is not None)
+    @staticmethod
+    def _grad_norm(engine: Any) -> float:
+        sq = sum(float(p.grad.detach().float().pow(2).sum()) for p in engine.module.parameters() if p.grad is not None)
         return math.sqrt(sq)
+
+    @staticmethod
+    def _ds_grad_norm(engine: Any) -> float:
+        gn = engine.get_global_grad_norm()
+        return float(gn) if gn is not None else float("nan")
 
     def _all_reduce(self, sums: dict[str, float]) -> dict[str, float]:
         if self.world == 1:
             return sums
         import torch.distributed as dist
 
-        keys = ["pg_loss", "tokens", "clip_frac", "approx_kl_old", "entropy", "kl"]
-        t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+        t = torch.tensor([sums.get(k, 0.0) for k in _STAT_KEYS], dtype=torch.float64)
         dist.all_reduce(t)
-        return dict(zip(keys, t.tolist()))
+        return dict(zip(_STAT_KEYS, t.tolist()))
 
     # -- weights and state ------------------------------------------------------------------
     @property
@@ -277,10 +449,12 @@ class PolicyTrainer:
         return digest
 
     def save(self, folder: str | Path, extra_state: dict[str, Any] | None = None) -> str:
-        """A resumable checkpoint: HF weights + tokenizer + DeepSpeed optimizer state + trainer state."""
+        """A resumable checkpoint: HF weights + tokenizer + DeepSpeed optimizer state (+ the critic's) + trainer state."""
         folder = Path(folder)
         digest = self.export_weights(folder)
         self.engine.save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(folder / "critic"), tag="state", save_latest=False)
         if self.rank == 0:
             state = dict(self.state) | (extra_state or {}) | {"weights_sha256": digest, "world_size": self.world}
             (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))
@@ -291,7 +465,13 @@ class PolicyTrainer:
         path, _ = self.engine.load_checkpoint(str(folder / "deepspeed"), tag="state", load_optimizer_states=True)
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed holds no DeepSpeed checkpoint 'state'")
+        if self.critic is not None:
+            path, _ = self.critic.load_checkpoint(str(folder / "critic"), tag="state", load_optimizer_states=True)
+            if path is None:
+                raise FileNotFoundError(f"{folder}/critic holds no critic checkpoint; was it saved by a run without a critic?")
         self.state = json.loads((folder / TRAINER_STATE).read_text())
+        if "kl_controller" in self.state:
+            self.kl_ctl.load_state_dict(self.state["kl_controller"])
         rng = folder / "rng.pt"
         if rng.exists():
             set_rng_state(torch.load(rng, weights_only=False))
