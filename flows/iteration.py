@@ -14,6 +14,13 @@ from tasks.rl import evaluate, read_progress, rollout, sync_weights, update, upl
 from tasks.tracking import register_checkpoint
 
 
+_UPDATE_METRICS = frozenset({
+    "loss", "pg_loss", "kl", "kl_loss", "kl_coef", "entropy", "clip_frac", "approx_kl_old", "grad_norm",
+    "samples_excluded", "samples_generated", "optimizer_steps", "vf_loss", "vf_clip_frac", "value_mse",
+    "explained_variance", "critic_grad_norm",
+})
+
+
 def _due(iteration: int, every: int, last: int) -> bool:
     return (iteration + 1) % every == 0 or iteration == last
 
@@ -22,9 +29,18 @@ def _due(iteration: int, every: int, last: int) -> bool:
 def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str, dataset_version: str) -> dict[str, Any]:
     start = time.perf_counter()
     last = config.train.total_iterations - 1
-    r = rollout(config, run_id, iteration)
-    v = verify(config, run_id, iteration, r)
-    u = update(config, run_id, iteration, v)
+    draws = []
+    with_signal = 0.0
+    for draw in range(1 + (config.rollout.max_extra_draws if config.rollout.dynamic_sampling else 0)):
+        r = rollout(config, run_id, iteration, draw)
+        v = verify(config, run_id, iteration, r, draw)
+        draws.append((r, v))
+        with_signal += v.get("groups_with_signal", 0.0)
+        # DAPO dynamic sampling: draw more prompts until enough groups carry a signal.
+        if with_signal >= config.rollout.batch_size:
+            break
+    r, v = draws[0]  # reward metrics: the first draw, an unfiltered on-policy sample like any iteration's
+    u = update(config, run_id, iteration, [dv for _, dv in draws])
     s = sync_weights(config, run_id, iteration, u)
     ev = evaluate(config, run_id) if _due(iteration, config.train.eval_interval, last) else None
     registered = None
@@ -34,8 +50,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
                                          aliases=("latest",), accuracy=ev["accuracy"] if ev else None)
     wall = time.perf_counter() - start
     stages = {
-        "generate_s": 0.0 if r["reused"] else r["generate_s"],
-        "verify_s": 0.0 if v["reused"] else v["verify_s"],
+        "generate_s": sum(0.0 if dr["reused"] else dr["generate_s"] for dr, _ in draws),
+        "verify_s": sum(0.0 if dv["reused"] else dv["verify_s"] for _, dv in draws),
         "update_s": u["update_s"],
         "sync_s": s["sync_s"],
         "eval_s": ev["eval_s"] if ev else 0.0,
@@ -46,7 +62,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     metrics = (
         {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
         | {k: v[k] for k in v if k.startswith("status_")}
-        | {k: u["metrics"][k] for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "samples_excluded", "optimizer_steps") if k in u["metrics"]}
+        | {k: val for k, val in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith("dynamic/")}
         | {f"time/{k}": val for k, val in stages.items()}
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),
            "time/save_s": u["save_s"],

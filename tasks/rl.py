@@ -14,13 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import SamplingConfig, WeightSyncError
-from rlpipe.rollout.batch import batch_metrics, generate_table, score_table, select_prompts, table_to_samples
+from rlpipe.rollout.batch import (
+    apply_overlong_penalty, batch_metrics, filter_groups, generate_table, score_table, select_prompts, table_to_samples,
+)
 from rlpipe.rollout.engines import get_engine
 from rlpipe.runtime import RunServices, register_services, services
 from rlpipe.storage.layout import checkpoint_prefix, stage_prefix
@@ -108,20 +111,32 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
 
 
 # -- the iteration's stages -------------------------------------------------------------------
+def _stage(name: str, draw: int) -> str:
+    return name if draw == 0 else f"{name}-draw{draw}"
+
+
+def prompt_slot(config: RunConfig, iteration: int, draw: int) -> int:
+    """Which slice of the data order a draw takes. With dynamic sampling every iteration reserves
+    1 + max_extra_draws slices, so a resumed run draws exactly what the uninterrupted one would."""
+    if not config.rollout.dynamic_sampling:
+        return iteration
+    return iteration * (1 + config.rollout.max_extra_draws) + draw
+
+
 @task(name="rollout", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
-def rollout(config: RunConfig, run_id: str, iteration: int) -> dict[str, Any]:
+def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> dict[str, Any]:
     store = _store(config)
-    prefix = stage_prefix(run_id, iteration, "rollout")
+    prefix = stage_prefix(run_id, iteration, _stage("rollout", draw))
     if store.stage_done(prefix):
         return store.read_manifest(prefix)["meta"] | {"prefix": prefix, "reused": True}
     svc = services(run_id)
-    prompts, cursor = select_prompts(svc.train_rows, iteration, config.rollout.batch_size, config.seed)
+    prompts, cursor = select_prompts(svc.train_rows, prompt_slot(config, iteration, draw), config.rollout.batch_size, config.seed)
     sampling = SamplingConfig(
         n=config.rollout.samples_per_prompt, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-        max_new_tokens=config.rollout.max_new_tokens, seed=config.seed * 1_000_003 + iteration * 10_007,
+        max_new_tokens=config.rollout.max_new_tokens, seed=config.seed * 1_000_003 + iteration * 10_007 + draw * 101,
     )
     table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
-    meta = stats | {"rows": table.num_rows, "cursor": cursor, "policy_version": svc.engine.weights_sha256()}
+    meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256()}
     start = time.perf_counter()
     store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
     meta["write_s"] = time.perf_counter() - start
@@ -130,9 +145,9 @@ def rollout(config: RunConfig, run_id: str, iteration: int) -> dict[str, Any]:
 
 
 @task(name="verify", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
-def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any]) -> dict[str, Any]:
+def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any], draw: int = 0) -> dict[str, Any]:
     store = _store(config)
-    prefix = stage_prefix(run_id, iteration, "verify")
+    prefix = stage_prefix(run_id, iteration, _stage("verify", draw))
     if store.stage_done(prefix):
         return store.read_manifest(prefix)["meta"] | {"prefix": prefix, "reused": True}
     svc = services(run_id)
@@ -140,12 +155,18 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
     table = store.read_stage(rollout_ref["prefix"], schema=TRAJECTORY_SCHEMA)
     read_s = time.perf_counter() - start
     scored, stats = score_table(svc.pool, table, svc.ground_truth)
+    if config.reward.overlong_buffer:
+        scored, pen = apply_overlong_penalty(scored, config.rollout.max_new_tokens, config.reward.overlong_buffer,
+                                             config.reward.overlong_penalty)
+        stats |= pen
     metrics, alerts = batch_metrics(scored)
+    if config.rollout.dynamic_sampling:  # an all-equal group is expected there: it is dropped, not an alert
+        alerts = [a for a in alerts if "no learning signal" not in a]
     if getattr(svc.pool, "last_problem", None):  # the verifier service was down, refused or slow
         alerts.append(svc.pool.last_problem)
     for a in alerts:
         run_logger().warning("ALERT iteration %d: %s", iteration, a)
-    meta = stats | metrics | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s}
+    meta = stats | metrics | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s, "draw": draw}
     start = time.perf_counter()
     store.write_stage(prefix, [scored], meta=meta, schema=TRAJECTORY_SCHEMA)
     meta["write_s"] = time.perf_counter() - start
@@ -156,14 +177,25 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
 # No retries: an update that failed half-way has touched the optimizer; the run resumes from the
 # last saved state instead.
 @task(name="update", cache_policy=NO_CACHE, timeout_seconds=3600)
-def update(config: RunConfig, run_id: str, iteration: int, verify_ref: dict[str, Any]) -> dict[str, Any]:
+def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One trainer update on the iteration's scored draws (with dynamic sampling: the groups with signal)."""
     svc = services(run_id)
     store = _store(config)
     start = time.perf_counter()
-    table = store.read_stage(verify_ref["prefix"], schema=TRAJECTORY_SCHEMA)
+    tables = [store.read_stage(ref["prefix"], schema=TRAJECTORY_SCHEMA) for ref in verify_refs]
     read_s = time.perf_counter() - start
+    dyn: dict[str, float] = {}
+    if config.rollout.dynamic_sampling:
+        table, dyn = filter_groups(tables, config.rollout.batch_size)
+        if dyn["dynamic/groups_kept"] < config.rollout.batch_size:
+            run_logger().warning(
+                "ALERT iteration %d: dynamic sampling kept %d/%d groups after %d draws (rollout.max_extra_draws caps it)",
+                iteration, dyn["dynamic/groups_kept"], config.rollout.batch_size, len(tables))
+    else:
+        table = pa.concat_tables(tables)
     start = time.perf_counter()
-    metrics = svc.trainer.update(table_to_samples(table), iteration)
+    metrics = svc.trainer.update(table_to_samples(table), iteration) | dyn
+    metrics["samples_generated"] = float(sum(t.num_rows for t in tables))
     update_s = time.perf_counter() - start
     start = time.perf_counter()
     folder = state_dir(run_id, iteration)

@@ -121,3 +121,49 @@ def test_cli_config_validate(tmp_path):
     for name, model in schema["$defs"].items():
         for field, spec in model["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"
+
+
+def test_extends_merges_sections_and_the_extending_file_wins(tmp_path):
+    (tmp_path / "base").mkdir()
+    write(tmp_path / "base", "rollout: {batch_size: 16, samples_per_prompt: 4}\ntrain: {lr: 1.0e-4, kl_coef: 0.01}\nseed: 3\n", "b.yaml")
+    mid = write(tmp_path, "extends: base/b.yaml\ntrain: {lr: 2.0e-5}\n", "mid.yaml")
+    top = write(tmp_path, "extends: mid.yaml\nrollout: {batch_size: 8}\n", "top.yaml")
+    cfg = load_config(top)
+    assert (cfg.rollout.batch_size, cfg.rollout.samples_per_prompt) == (8, 4)
+    assert (cfg.train.lr, cfg.train.kl_coef, cfg.seed) == (2e-5, 0.01, 3)
+    assert load_config(top, ["train.lr=5e-6"]).train.lr == 5e-6  # --set wins over the whole chain
+    assert "extends" not in json.dumps(cfg.model_dump(mode="json"))
+
+
+def test_extends_cycles_and_missing_bases_are_named(tmp_path):
+    a = write(tmp_path, "extends: b.yaml\n", "a.yaml")
+    write(tmp_path, "extends: a.yaml\n", "b.yaml")
+    assert "circular" in problems(a)["extends"]
+    c = write(tmp_path, "extends: nope.yaml\n", "c.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_config(c)
+    assert "nope.yaml" in str(e.value) and "c.yaml" in str(e.value)
+
+
+def test_algorithm_settings_are_checked(tmp_path):
+    assert "unknown algorithm 'grpoo'" in problems(None, ["train.algorithm=grpoo"])["train"]
+    assert "valid:" in problems(None, ["train.advantage=nope"])["train"]
+    assert "kl_coef > 0" in problems(None, ["train.kl_target=0.1"])["train"]
+    assert "must be below rollout.max_new_tokens" in problems(None, ["reward.overlong_buffer=8", "rollout.max_new_tokens=8"])[""]
+    assert "train.dual_clip" in problems(None, ["train.dual_clip=0.5"])
+    assert "train.loss_agg_mode" in problems(None, ["train.loss_agg_mode=sum"])
+    cfg = load_config(None, ["train.algorithm=dr_grpo", "train.policy_loss=gspo"])
+    assert cfg.train.resolved() == {"advantage": "dr_grpo", "policy_loss": "gspo", "loss_agg_mode": "constant"}
+    assert load_config(None, ["train.clip_ratio_high=0.28"]).train.loss_kwargs() == {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None}
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo", "gspo", "ppo", "rloo", "reinforce_pp"])
+def test_presets_resolve_to_their_method(preset):
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "presets" / f"{preset}.yaml")
+    assert cfg.train.algorithm == preset and cfg.task.name == "arithmetic"
+    parts = cfg.train.resolved()
+    assert parts["advantage"] == {"ppo": "gae", "dapo": "grpo", "gspo": "grpo"}.get(preset, preset)
+    assert (parts["policy_loss"] == "gspo") == (preset == "gspo")
+    assert cfg.rollout.dynamic_sampling == (preset == "dapo")

@@ -416,18 +416,44 @@ def validate_raw(raw: Any, source: str = "<config>") -> RunConfig:
         raise ConfigError(source, problems) from None
 
 
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> Any:
+    """A config file with its ``extends:`` chain merged in (the extending file's keys win)."""
+    source = str(path)
+    if not path.exists():
+        where = f" (extended by {chain[-1]})" if chain else ""
+        raise ConfigError(source, [("", f"file not found{where}")])
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(source, [("", f"not valid YAML: {e}")]) from None
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return raw
+    parent = raw.pop("extends")
+    if not isinstance(parent, str):
+        raise ConfigError(source, [("extends", "a path to the base config, relative to this file")])
+    parent_path = (path.parent / parent).resolve()
+    if parent_path in chain or parent_path == path.resolve():
+        raise ConfigError(source, [("extends", f"circular: {' -> '.join(map(str, chain + (path, parent_path)))}")])
+    base = _read_yaml(parent_path, chain + (path.resolve(),))
+    if not isinstance(base, dict):
+        raise ConfigError(str(parent_path), [("", "the top level must be a mapping")])
+    return _deep_merge(base, raw)
+
+
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read, override and validate a config. ``path=None`` gives the embedded defaults."""
+    """Read, override and validate a config. ``path=None`` gives the embedded defaults.
+
+    A file may start from another with ``extends: base.yaml`` (relative to itself); its own keys
+    are merged over the base's, section by section."""
     source = str(path) if path else "<defaults>"
-    raw: Any = {}
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(source, [("", "file not found")])
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(source, [("", f"not valid YAML: {e}")]) from None
+    raw: Any = _read_yaml(Path(path)) if path else {}
     if overrides:
         if not isinstance(raw, dict):
             raise ConfigError(source, [("", "the top level must be a mapping")])

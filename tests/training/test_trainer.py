@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "helpers" / "dist_update.py"
 
 
-def _launch(model, out, nproc, zero, kl=0.0):
+def _launch(model, out, nproc, zero, kl=0.0, sets=()):
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
@@ -20,6 +20,7 @@ def _launch(model, out, nproc, zero, kl=0.0):
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
            str(SCRIPT), "--model", str(model), "--out", str(out), "--zero", str(zero), "--kl", str(kl)]
+    cmd += [x for item in sets for x in ("--set", item)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text()), load_file(out / "model.safetensors")
@@ -38,3 +39,72 @@ def test_two_ranks_give_the_same_update_as_one(tiny_checkpoint, tmp_path, zero):
     for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "tokens"):
         assert abs(m1["metrics"][key] - m2["metrics"][key]) < 1e-5 * max(1.0, abs(m1["metrics"][key])), key
     assert m1["metrics"]["samples_excluded"] == 4 and m1["metrics"]["optimizer_steps"] == 3
+
+
+VARIANTS = {
+    # critic (own engine and optimizer), GAE, KL folded into the reward, entropy bonus, 2 epochs, seq-mean-token-sum
+    "ppo": ["algorithm=ppo", "kl_in=reward", "entropy_coef=0.01", "ppo_epochs=2", "loss_agg_mode=seq_mean_token_sum",
+            "critic_lr=1e-3"],
+    # constant normaliser, overlong filtering (truncated rows masked), dual clip, k2 KL in the loss
+    "dr_grpo": ["algorithm=dr_grpo", "mask_truncated=true", "dual_clip=3.0", "kl_estimator=k2"],
+    # sequence-level ratio, seq-mean-token-mean, clip-higher
+    "gspo": ["algorithm=gspo", "clip_ratio_low=0.0003", "clip_ratio_high=0.0004"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_two_ranks_equal_one_for_every_loss_shape(tiny_checkpoint, tmp_path, variant):
+    """The global counts behind each aggregation mode (and the critic's step) do not depend on the split."""
+    m1, w1 = _launch(tiny_checkpoint, tmp_path / "one", 1, 0, kl=0.05, sets=VARIANTS[variant])
+    m2, w2 = _launch(tiny_checkpoint, tmp_path / "two", 2, 0, kl=0.05, sets=VARIANTS[variant])
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], atol=2e-6, rtol=1e-5), k
+    keys = ["loss", "pg_loss", "kl", "kl_loss", "entropy", "clip_frac", "tokens"]
+    if variant == "ppo":
+        keys += ["vf_loss", "value_mse", "explained_variance"]
+        assert m1["metrics"]["optimizer_steps"] == 6  # 2 epochs × 3 mini-batches
+    for key in keys:
+        assert abs(m1["metrics"][key] - m2["metrics"][key]) < 1e-5 * max(1.0, abs(m1["metrics"][key])), key
+    if variant == "dr_grpo":  # the truncated (5-token) responses are out of the loss
+        from tests.helpers.dist_update import fixed_batch
+
+        kept = sum(len(s.response_ids) for s in fixed_batch() if s.valid and not s.truncated)
+        assert m1["metrics"]["tokens"] == kept
+
+
+def _ppo_trainer(model_dir, resume_dir=None):
+    from rlpipe.config import TrainConfig
+    from rlpipe.training.trainer import PolicyTrainer
+
+    cfg = TrainConfig(algorithm="ppo", batch_size=16, micro_batch_size=8, lr=1e-3, kl_coef=0.05, kl_target=0.01,
+                      kl_horizon=100, kl_in="reward", critic={"lr": 1e-3})
+    return PolicyTrainer(model_dir=str(model_dir), cfg=cfg, seed=3, resume_dir=resume_dir and str(resume_dir), max_new_tokens=5)
+
+
+def test_ppo_resume_restores_policy_critic_and_kl_controller(tiny_checkpoint, tmp_path):
+    """Save after iteration 0, resume in a fresh trainer: iteration 1 lands on identical weights,
+    critic values and adaptive KL coefficient as the uninterrupted trainer."""
+    import random
+
+    from tests.helpers.dist_update import fixed_batch
+
+    torch.set_num_threads(1)
+    batch0, batch1 = fixed_batch(32), fixed_batch(48)[16:]
+    random.Random(5).shuffle(batch1)
+    a = _ppo_trainer(tiny_checkpoint)
+    m0 = a.update(batch0, 0)
+    assert m0["kl"] > 0.01 and m0["kl_coef"] == 0.05  # β used in iteration 0 is the start value …
+    assert a.kl_ctl.value > 0.05  # … and the measured KL above target raises it for the next one
+    a.save(tmp_path / "state")
+    saved_beta = a.kl_ctl.value
+    m1 = a.update(batch1, 1)
+    b = _ppo_trainer(tiny_checkpoint, resume_dir=tmp_path / "state")
+    assert b.kl_ctl.value == saved_beta == m1["kl_coef"]
+    m1b = b.update(batch1, 1)
+    for key in ("loss", "vf_loss", "kl_coef", "explained_variance", "grad_norm", "critic_grad_norm"):
+        assert m1[key] == pytest.approx(m1b[key], rel=1e-6, abs=1e-9), key
+    for (name, pa_), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
+        assert torch.equal(pa_, pb), name
+    for (name, pa_), (_, pb) in zip(a.critic.module.named_parameters(), b.critic.module.named_parameters()):
+        assert torch.equal(pa_, pb), name
+    assert m1["vf_loss"] > 0 and m1["kl_coef"] > m0["kl_coef"]

@@ -16,7 +16,10 @@ from rlpipe.storage.schemas import REWARD_STATUSES, TRAJECTORY_SCHEMA
 from rlpipe.training.sft import render_prompt
 from rlpipe.training.trainer import Sample
 
-__all__ = ["batch_metrics", "generate_table", "score_table", "select_prompts", "table_to_samples"]
+__all__ = [
+    "apply_overlong_penalty", "batch_metrics", "filter_groups", "generate_table", "group_signal", "score_table",
+    "select_prompts", "table_to_samples",
+]
 
 
 def select_prompts(rows: Sequence[dict[str, Any]], iteration: int, batch_size: int, seed: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -96,6 +99,53 @@ def score_table(pool: VerifierPool, table: pa.Table, ground_truth: dict[str, str
     return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), {"verify_s": verify_s, "verify_per_s": len(rows) / max(verify_s, 1e-9)}
 
 
+def overlong_penalty(length: int, max_new_tokens: int, buffer: int, factor: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to max − buffer tokens, then
+    falling linearly to −factor at max_new_tokens."""
+    return factor * min(0.0, (max_new_tokens - buffer - length) / buffer)
+
+
+def apply_overlong_penalty(table: pa.Table, max_new_tokens: int, buffer: int, factor: float = 1.0) -> tuple[pa.Table, dict[str, float]]:
+    """Add the soft overlong punishment to every scored (status ok) reward; the reason says so."""
+    rows = table.to_pylist()
+    hit = 0
+    for r in rows:
+        pen = overlong_penalty(len(r["response_token_ids"]), max_new_tokens, buffer, factor)
+        if r["reward_status"] == "ok" and pen < 0:
+            r["reward"] += pen
+            r["reward_reason"] = ((r["reward_reason"] or "") + f"; overlong penalty {pen:+.3f}").lstrip("; ")
+            hit += 1
+    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), {"overlong_penalized_share": hit / max(len(rows), 1)}
+
+
+def group_signal(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
+    """prompt_id → whether its group carries a learning signal: ≥ 2 scored rewards, not all equal."""
+    scored: dict[str, set[float]] = {}
+    counts: dict[str, int] = {}
+    for r in rows:
+        scored.setdefault(r["prompt_id"], set())
+        if r["reward_status"] == "ok":
+            scored[r["prompt_id"]].add(r["reward"])
+            counts[r["prompt_id"]] = counts.get(r["prompt_id"], 0) + 1
+    return {k: counts.get(k, 0) >= 2 and len(v) > 1 for k, v in scored.items()}
+
+
+def filter_groups(tables: Sequence[pa.Table], max_groups: int) -> tuple[pa.Table, dict[str, float]]:
+    """DAPO dynamic sampling: keep the groups with signal (first drawn first), at most ``max_groups``."""
+    rows = [r for t in tables for r in t.to_pylist()]
+    signal = group_signal(rows)
+    kept = [k for k, ok in signal.items() if ok][:max_groups]
+    keep = set(kept)
+    out = [r for r in rows if r["prompt_id"] in keep]
+    return pa.Table.from_pylist(out, schema=TRAJECTORY_SCHEMA), {
+        "dynamic/draws": float(len(tables)),
+        "dynamic/groups_drawn": float(len(signal)),
+        "dynamic/groups_kept": float(len(kept)),
+        "dynamic/groups_dropped": float(len(signal) - len(kept)),
+        "dynamic/samples_kept": float(len(out)),
+    }
+
+
 def table_to_samples(table: pa.Table) -> list[Sample]:
     groups: dict[str, int] = {}
     out = []
@@ -119,6 +169,8 @@ def batch_metrics(table: pa.Table) -> tuple[dict[str, float], list[str]]:
         "response_length_mean": statistics.fmean(len(r["response_token_ids"]) for r in rows) if rows else 0.0,
         "truncated_share": sum(bool(r["truncated"]) for r in rows) / n,
     }
+    signal = group_signal(rows)
+    metrics |= {"groups": float(len(signal)), "groups_with_signal": float(sum(signal.values()))}
     alerts = []
     if ok and len(set(ok)) == 1:
         alerts.append(f"all {len(ok)} scored rewards equal {ok[0]:g}: no learning signal in this batch")
