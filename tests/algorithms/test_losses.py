@@ -21,7 +21,7 @@ def one_token(name, ratio, adv, **options):
     new = (old + math.log(ratio)).requires_grad_()
     loss, m = policy_loss(name, new, old, t([[adv]]), torch.ones(1, 1), **options)
     loss.backward()
-    return float(loss), float(new.grad), float(m["clip_frac"])
+    return loss.item(), float(new.grad), float(m["clip_frac"])
 
 
 # ------------------------------------------------------------------------------------------ ppo_clip
@@ -34,14 +34,14 @@ def test_ppo_clip_hand_computed():
     new = torch.log(torch.tensor([[0.6, 0.3, 0.2, 0.2]]))
     adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
     loss, m = policy_loss("ppo_clip", new, old, adv, torch.ones(1, 4), clip_low=0.2)
-    assert math.isclose(float(loss), (-1.2 - 1.2 + 0.8 - 0.5) / 4, rel_tol=1e-5)
+    assert math.isclose(loss.item(), (-1.2 - 1.2 + 0.8 - 0.5) / 4, rel_tol=1e-5)
     assert math.isclose(float(m["clip_frac"]), 0.5)
     # A masked token changes nothing but the denominator.
     loss, _ = policy_loss("ppo_clip", new, old, adv, torch.tensor([[1, 1, 1, 0]]), clip_low=0.2)
-    assert math.isclose(float(loss), (-1.2 - 1.2 + 0.8) / 3, rel_tol=1e-5)
+    assert math.isclose(loss.item(), (-1.2 - 1.2 + 0.8) / 3, rel_tol=1e-5)
     # ε = 0.6 clips nothing here: −1.2, −1.5, 0.5, −0.5.
     loss, m = policy_loss("ppo_clip", new, old, adv, torch.ones(1, 4), clip_low=0.6)
-    assert math.isclose(float(loss), (-1.2 - 1.5 + 0.5 - 0.5) / 4, rel_tol=1e-5) and float(m["clip_frac"]) == 0.0
+    assert math.isclose(loss.item(), (-1.2 - 1.5 + 0.5 - 0.5) / 4, rel_tol=1e-5) and float(m["clip_frac"]) == 0.0
 
 
 def test_clip_higher_only_widens_the_upper_side():
@@ -61,7 +61,8 @@ def test_clip_higher_only_widens_the_upper_side():
 
 
 def test_dual_clip_bounds_the_loss_for_negative_advantages():
-    # A = −1, ρ = 5, c = 3: plain PPO gives max(5, 0.8·… → 1.2) = 5 with gradient 5; dual clip caps at −A·c = 3.
+    # A = −1, ρ = 5, c = 3: plain PPO gives max(−Aρ, −A·clip(ρ)) = max(5, 1.2) = 5 with gradient 5;
+    # the dual clip caps it at −A·c = 3 (no gradient).
     assert one_token("ppo_clip", 5.0, -1.0, clip_low=0.2)[:2] == pytest.approx((5.0, 5.0))
     loss, grad, cf = one_token("ppo_clip", 5.0, -1.0, clip_low=0.2, dual_clip=3.0)
     assert math.isclose(loss, 3.0, rel_tol=1e-9) and grad == 0.0 and cf == 1.0
@@ -79,7 +80,7 @@ def test_dual_clip_bounds_the_loss_for_negative_advantages():
     for j in range(200):
         loss, _ = policy_loss("ppo_clip", new[:, j:j + 1], old[:, j:j + 1], adv[:, j:j + 1], torch.ones(1, 1),
                               agg=per_seq, dual_clip=3.0)
-        assert float(loss) <= -3.0 * float(adv[0, j]) + 1e-12
+        assert loss.item() <= -3.0 * float(adv[0, j]) + 1e-12
 
 
 def ppo_reference(new, old, adv, mask, clip_low, clip_high, dual_clip):
@@ -107,7 +108,7 @@ def test_ppo_clip_matches_plain_loop_and_gradient_is_zero_when_clipped(clip_low,
     loss, m = policy_loss("ppo_clip", new, old, adv, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
     hi = clip_low if clip_high is None else clip_high
     ref = ppo_reference(new.tolist(), old.tolist(), adv.tolist(), mask.tolist(), clip_low, hi, dual_clip)
-    assert math.isclose(float(loss), ref, rel_tol=1e-10)
+    assert math.isclose(loss.item(), ref, rel_tol=1e-10)
     loss.backward()
     ratio = torch.exp(new.detach() - old)
     clipped_out = ((adv > 0) & (ratio > 1 + hi)) | ((adv < 0) & (ratio < 1 - clip_low))
@@ -145,7 +146,7 @@ def test_token_counts_make_split_batches_add_up():
 
 def test_empty_mask_is_zero_not_nan():
     loss, m = policy_loss("ppo_clip", torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3))
-    assert float(loss) == 0.0 and not any(math.isnan(float(v)) for v in m.values())
+    assert loss.item() == 0.0 and not any(math.isnan(float(v)) for v in m.values())
 
 
 def test_policy_loss_passes_only_declared_options():
@@ -156,7 +157,7 @@ def test_policy_loss_passes_only_declared_options():
     kw = {"clip_ratio": 0.5, "gamma": 0.9, "kl_coef": 1.0}
     assert math.isclose(float(policy_loss("ppo_clip", new, old, t([[1.0]]), torch.ones(1, 1), **kw)[0]), -1.2)
     loss, _ = policy_loss("ppo_clip", new, old, t([[1.0]]), torch.ones(1, 1), clip_high=0.28, **kw)
-    assert math.isclose(float(loss), -1.25)
+    assert math.isclose(loss.item(), -1.25)
 
 
 # ---------------------------------------------------------------------------------------------- gspo
@@ -172,18 +173,18 @@ def test_gspo_hand_computed():
     loss, m = policy_loss("gspo", new, old, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.2,
                           agg=LossAgg("seq_mean_token_mean"))
     loss.backward()
-    assert math.isclose(float(loss), -s, rel_tol=1e-12) and float(m["clip_frac"]) == 0.0
+    assert math.isclose(loss.item(), -s, rel_tol=1e-12) and float(m["clip_frac"]) == 0.0
     assert torch.allclose(new.grad, torch.full((1, 3), -s / 3, dtype=D))
     # PPO-clip would clip token 2 (ρ = e^0.5 = 1.65) and not token 0; GSPO clips whole sequences.
     # The paper's ranges (the defaults, 3e-4 / 4e-4): s is clipped to 1.0004 → loss −1.0004, no gradient.
     new.grad = None
     loss, m = policy_loss("gspo", new, old, adv, torch.ones(1, 3), agg=LossAgg("seq_mean_token_mean"))
     loss.backward()
-    assert math.isclose(float(loss), -1.0004, rel_tol=1e-12) and float(m["clip_frac"]) == 1.0
+    assert math.isclose(loss.item(), -1.0004, rel_tol=1e-12) and float(m["clip_frac"]) == 1.0
     assert torch.all(new.grad == 0)
     # Mask 1,1,0 → log s = (0.1 − 0.3)/2 = −0.1, s = 0.904837; A = −1: clip at 1 − 3e-4 = 0.9997 → loss 0.9997.
     loss, _ = policy_loss("gspo", new, old, -adv, t([[1.0, 1.0, 0.0]]), agg=LossAgg("seq_mean_token_mean"))
-    assert math.isclose(float(loss), 0.9997, rel_tol=1e-12)
+    assert math.isclose(loss.item(), 0.9997, rel_tol=1e-12)
 
 
 def gspo_reference(new, old, adv, mask, lo, hi):
@@ -209,7 +210,7 @@ def test_gspo_matches_plain_loop_reference():
     mask[5] = 0  # a fully masked row is no sequence
     loss, m = policy_loss("gspo", new, old, adv, mask, clip_low=0.03, clip_high=0.04, agg=LossAgg("seq_mean_token_mean"))
     ref = gspo_reference(new.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.03, 0.04)
-    assert math.isclose(float(loss), ref, rel_tol=1e-10)
+    assert math.isclose(loss.item(), ref, rel_tol=1e-10)
     assert 0.0 < float(m["clip_frac"]) < 1.0  # some sequences clipped, some not
 
 
@@ -234,7 +235,7 @@ def test_gspo_gradient_is_sequence_ratio_times_mean_logprob_gradient():
     s = torch.exp(((explicit - old) * mask).sum(-1) / mask.sum(-1))
     ref_loss = (-seq_adv * s).mean()
     ref_loss.backward()
-    assert math.isclose(float(loss), float(ref_loss), rel_tol=1e-12)
+    assert math.isclose(loss.item(), ref_loss.item(), rel_tol=1e-12)
     assert torch.allclose(new.grad, explicit.grad, atol=1e-14)
     # And element by element: −A_i·s_i/(|o_i|·G) on the response, 0 off it.
     for i in range(B):
@@ -259,7 +260,7 @@ def test_value_loss_hand_computed():
     old, ret, mask = t([[0.5, 2.0]]), t([[2.0, 0.0]]), torch.ones(1, 2)
     loss, m = value_loss(v, old, ret, mask, clip=0.2)
     loss.backward()
-    assert math.isclose(float(loss), 1.4225, rel_tol=1e-12)
+    assert math.isclose(loss.item(), 1.4225, rel_tol=1e-12)
     assert float(m["vf_clip_frac"]) == 0.5 and math.isclose(float(m["value_mse"]), 2.5)
     # The clipped token has no gradient; token 1: d/dV ½(V−R)²/2 = (2−0)/2 = 1.
     assert torch.allclose(v.grad, t([[0.0, 1.0]]))
@@ -267,7 +268,7 @@ def test_value_loss_hand_computed():
     v.grad = None
     loss, m = value_loss(v, old, ret, mask, clip=None)
     loss.backward()
-    assert math.isclose(float(loss), 1.25, rel_tol=1e-12) and float(m["vf_clip_frac"]) == 0.0
+    assert math.isclose(loss.item(), 1.25, rel_tol=1e-12) and float(m["vf_clip_frac"]) == 0.0
     assert torch.allclose(v.grad, t([[-0.5, 1.0]]))
 
 
@@ -287,7 +288,7 @@ def test_value_loss_matches_plain_loop_reference(clip):
                 total += 0.5 * e
                 n += 1
     loss, _ = value_loss(v, old, ret, mask, clip=clip, agg=LossAgg("token_mean"))
-    assert math.isclose(float(loss), total / n, rel_tol=1e-12)
+    assert math.isclose(loss.item(), total / n, rel_tol=1e-12)
 
 
 # --------------------------------------------------------------------------------- explained variance
