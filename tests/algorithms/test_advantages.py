@@ -361,6 +361,17 @@ def test_zero_length_responses_and_fully_masked_batches(name):
     assert all(math.isfinite(v) for v in out.metrics.values())
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_batch_with_no_response_columns(name):
+    # Every response empty and the aligned tensors (N, 0): nothing to train on, but no crash and no NaN.
+    b = AdvantageInput(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0, 0]),
+                       torch.tensor([True, True]), torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.float64),
+                       torch.zeros(2, 0, dtype=torch.float64))
+    out = compute_advantages(name, b)
+    assert out.advantages.shape == (2, 0)
+    assert all(math.isfinite(v) for v in out.metrics.values())
+
+
 def test_masked_tokens_get_no_advantage():
     b = batch([1, 0], [0, 0], mask=[[1, 1, 0], [1, 0, 0]])
     adv = compute_advantages("grpo", b).advantages
@@ -420,3 +431,13 @@ def test_registry_rejects_duplicates_and_lists_names():
         register_advantage("grpo")(lambda b: None)
     with pytest.raises(KeyError, match="valid: .*grpo"):
         ADVANTAGES.get("nope")
+
+
+@pytest.mark.parametrize("value", [0.7, 0.1, 1e-3, 123.456])
+def test_all_equal_float64_group_is_exactly_zero(value):
+    # The group mean of equal values can carry a rounding error; the advantage must still be exactly 0.
+    b = AdvantageInput(torch.tensor([value] * 3, dtype=torch.float64), torch.zeros(3, dtype=torch.long),
+                       torch.ones(3, dtype=torch.bool), torch.ones(3, 2))
+    for name in ("grpo", "dr_grpo", "rloo"):
+        out = compute_advantages(name, b)
+        assert torch.all(out.advantages == 0) and out.metrics["groups_with_signal"] == 0, name

@@ -54,9 +54,7 @@ def test_low_var_kl_clamps_at_ten_and_everything_stays_finite():
     assert torch.isfinite(k3).all() and torch.isfinite(lv).all()
     for kind in KL_ESTIMATORS.names():
         x = kl_penalty(torch.tensor([0.0, -1e4]), torch.tensor([-1e4, 0.0]), kind)
-        if kind != "k2":  # ½·(1e4)² = 5e7 is large but finite too
-            assert torch.isfinite(x).all(), kind
-        assert torch.isfinite(x).all(), kind
+        assert torch.isfinite(x).all(), kind  # k2 = ½·(1e4)² = 5e7 is large but finite
     # Gradient of low_var_kl w.r.t. logπ: zero where clamped, finite everywhere.
     lp = torch.zeros(3, dtype=D, requires_grad=True)
     kl_penalty(lp, torch.tensor([20.0, 0.5, -30.0], dtype=D), "low_var_kl").sum().backward()

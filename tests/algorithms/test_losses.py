@@ -185,6 +185,15 @@ def test_gspo_hand_computed():
     # Mask 1,1,0 → log s = (0.1 − 0.3)/2 = −0.1, s = 0.904837; A = −1: clip at 1 − 3e-4 = 0.9997 → loss 0.9997.
     loss, _ = policy_loss("gspo", new, old, -adv, t([[1.0, 1.0, 0.0]]), agg=LossAgg("seq_mean_token_mean"))
     assert math.isclose(loss.item(), 0.9997, rel_tol=1e-12)
+    # GSPO-token with token-level advantages A = 1, 2, −1 (no clipping): loss mean_t(−A_t·s) = −(2/3)·s and
+    # d/dlogπ_t = −A_t·s/|o| = −s/3, −2s/3, +s/3 (each token keeps its own advantage; the gradient of the
+    # plain sequence formula would give every token −mean(A)·s/|o| = −2s/9 instead).
+    new.grad = None
+    loss, _ = policy_loss("gspo", new, old, t([[1.0, 2.0, -1.0]]), torch.ones(1, 3), clip_low=0.2, clip_high=0.2,
+                          agg=LossAgg("seq_mean_token_mean"))
+    loss.backward()
+    assert math.isclose(loss.item(), -2 * s / 3, rel_tol=1e-12)
+    assert torch.allclose(new.grad, t([[-s / 3, -2 * s / 3, s / 3]]), rtol=1e-12)
 
 
 def gspo_reference(new, old, adv, mask, lo, hi):

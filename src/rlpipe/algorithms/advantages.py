@@ -69,6 +69,8 @@ class AdvantageInput:
         if self.token_penalty is not None:
             out = out - self.token_penalty.to(torch.float64) * mask
         outcome = self.rewards.to(torch.float64) if outcome is None else outcome
+        if mask.shape[1] == 0:  # no response columns at all: nothing to place
+            return out
         lengths = mask.sum(-1)
         has = lengths > 0
         # Index of the last response token (the mask may have holes, e.g. tool output in agent turns).
@@ -90,13 +92,17 @@ def _group_stats(x: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor) -> 
     _, inv = torch.unique(groups, return_inverse=True)
     g = int(inv.max()) + 1 if inv.numel() else 0
     w = valid.to(x.dtype)
-    xv = torch.where(valid, x, torch.zeros_like(x))
+    # Work on offsets from one member's value, so an all-equal group has offsets (and advantages)
+    # of exactly 0 rather than a rounding error of its mean.
+    ref = torch.full((g,), float("-inf"), dtype=x.dtype).scatter_reduce(
+        0, inv, torch.where(valid, x, torch.full_like(x, float("-inf"))), reduce="amax")
+    ref = torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+    d = torch.where(valid, x - ref[inv], torch.zeros_like(x))
     count = torch.zeros(g, dtype=x.dtype).index_add_(0, inv, w)
-    total = torch.zeros(g, dtype=x.dtype).index_add_(0, inv, xv)
-    mean = total / count.clamp_min(1)
-    sq = torch.zeros(g, dtype=x.dtype).index_add_(0, inv, w * (xv - mean[inv]) ** 2)
+    mean_d = torch.zeros(g, dtype=x.dtype).index_add_(0, inv, d) / count.clamp_min(1)
+    sq = torch.zeros(g, dtype=x.dtype).index_add_(0, inv, w * (d - mean_d[inv]) ** 2)
     std = torch.sqrt(sq / (count - 1).clamp_min(1))
-    return mean[inv], std[inv], count[inv]
+    return (ref + mean_d)[inv], std[inv], count[inv]
 
 
 def _group_metrics(batch: AdvantageInput, std: torch.Tensor) -> dict[str, float]:

@@ -52,7 +52,7 @@ class LossAgg:
     def __post_init__(self) -> None:
         if self.mode not in AGG_MODES:
             raise ValueError(f"unknown loss aggregation {self.mode!r}; valid: {', '.join(AGG_MODES)}")
-        if self.mode == "constant" and not self.constant:
+        if self.mode == "constant" and not (self.constant is not None and self.constant > 0):
             raise ValueError("loss aggregation 'constant' needs a positive constant (e.g. the max response length)")
 
 
