@@ -5,8 +5,9 @@
 Trains the demo's SFT base once in its own RLPIPE_HOME (reused on later calls), then runs
 ``configs/presets/<name>.yaml`` for each preset with ``train.total_iterations`` = ``--iterations``
 (every preset: 32 prompts × 8 samples per iteration; DAPO's dynamic sampling may draw more),
-one process, one vLLM engine reloaded between runs. Writes ``results.json``, a markdown table
-(``table.md``: final held-out accuracy, wall time, samples generated) and ``reward_curves.png``
+one process, one vLLM engine reloaded between runs (so the first run's wall time includes the
+engine start). Writes ``results.json``, a markdown table (``table.md``: final held-out accuracy,
+samples generated, mean seconds per iteration, run wall time) and ``reward_curves.png``
 (training reward and held-out accuracy per iteration, one line per preset). All runs are in the
 MLflow experiment ``algorithm-comparison`` of that home, for side-by-side comparison in the UI.
 Timings are only comparable on an otherwise idle machine.
@@ -48,7 +49,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
 
 def table(results: dict[str, dict]) -> str:
     lines = [
-        "| preset | advantage · loss · aggregation | held-out before → after | Δ | samples generated | wall s | s / iteration |",
+        "| preset | advantage · loss · aggregation | held-out before → after | Δ | samples generated | s / iteration | run wall s |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
@@ -57,7 +58,7 @@ def table(results: dict[str, dict]) -> str:
             f"| {name} | {parts['advantage']} · {parts['policy_loss']} · {parts['loss_agg_mode']} | "
             f"{100 * r['heldout_accuracy_base']:.1f}% → {100 * r['heldout_accuracy_final']:.1f}% | "
             f"{100 * (r['heldout_accuracy_final'] - r['heldout_accuracy_base']):+.1f} | {r['samples_generated']:,} | "
-            f"{r['wall_s']:.0f} | {r['wall_s'] / r['iterations']:.2f} |"
+            f"{r['iteration_s_mean']:.2f} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -73,7 +73,7 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
     assert tracker.version_by_alias(cfg.registered_model, "latest").version == str(versions[1].version)
     assert versions[1].tags["weights_sha256"] == summary["final_policy_version"] != base_sha
     run = tracker.client.get_run(summary["mlflow_run_id"])
-    for key in ("reward_mean", "reward_std", "accuracy", "status_ok", "status_timeout", "kl", "entropy", "clip_frac",
+    for key in ("reward_mean", "reward_std", "accuracy", "status_ok", "status_timeout", "kl_coef", "entropy", "clip_frac",
                 "grad_norm", "response_length_mean", "time/generate_s", "time/update_s", "time/overhead_share",
                 "throughput/generate_tokens_per_s", "heldout_accuracy"):
         assert key in run.data.metrics, key
