@@ -49,15 +49,17 @@ def plot(results: dict[str, dict], path: Path) -> None:
 
 def table(results: dict[str, dict]) -> str:
     lines = [
-        "| preset | advantage · loss · aggregation | held-out before → after | Δ | samples generated | s / iteration | run wall s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| preset | advantage · loss · aggregation | held-out before → after | Δ | after 10 it. | samples generated | s / iteration | run wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         parts = r["parts"]
+        at10 = next((h["heldout_accuracy"] for h in r["history"] if h["iteration"] == 9 and "heldout_accuracy" in h), None)
         lines.append(
             f"| {name} | {parts['advantage']} · {parts['policy_loss']} · {parts['loss_agg_mode']} | "
             f"{100 * r['heldout_accuracy_base']:.1f}% → {100 * r['heldout_accuracy_final']:.1f}% | "
-            f"{100 * (r['heldout_accuracy_final'] - r['heldout_accuracy_base']):+.1f} | {r['samples_generated']:,} | "
+            f"{100 * (r['heldout_accuracy_final'] - r['heldout_accuracy_base']):+.1f} | "
+            f"{'—' if at10 is None else f'{100 * at10:.1f}%'} | {r['samples_generated']:,} | "
             f"{r['iteration_s_mean']:.2f} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines)
@@ -70,7 +72,15 @@ def main() -> None:
     ap.add_argument("--home", default="/tmp/rlpipe-bench/home-algos")
     ap.add_argument("--out", default="/tmp/rlpipe-bench/algos")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tag", default="", help="suffix of the run ids (a new tag reruns presets already run)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite table.md and the PNG from results.json")
     a = ap.parse_args()
+    if a.report_only:
+        results = json.loads((Path(a.out) / "results.json").read_text())
+        (Path(a.out) / "table.md").write_text(table(results) + "\n")
+        plot(results, Path(a.out) / "reward_curves.png")
+        print(table(results))
+        return
     os.environ["RLPIPE_HOME"] = a.home
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -97,7 +107,7 @@ def main() -> None:
             f"train.total_iterations={a.iterations}", f"train.save_interval={a.iterations}",
             "train.eval_interval=5", "tracking.experiment=algorithm-comparison", f"seed={a.seed}",
         ])
-        run_id = f"cmp-{name}-s{a.seed}-i{a.iterations}"
+        run_id = f"cmp-{name}-s{a.seed}-i{a.iterations}{'-' + a.tag if a.tag else ''}"
         print(f"[bench] {name}: {cfg.train.resolved()}", flush=True)
         t = time.perf_counter()
         summary = train(config=cfg, run_id=run_id)
