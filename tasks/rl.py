@@ -159,9 +159,8 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
         scored, pen = apply_overlong_penalty(scored, config.rollout.max_new_tokens, config.reward.overlong_buffer,
                                              config.reward.overlong_penalty)
         stats |= pen
-    metrics, alerts = batch_metrics(scored)
-    if config.rollout.dynamic_sampling:  # an all-equal group is expected there: it is dropped, not an alert
-        alerts = [a for a in alerts if "no learning signal" not in a]
+    # With dynamic sampling an all-equal batch is expected: its groups are dropped, not an alert.
+    metrics, alerts = batch_metrics(scored, flat_batch_alert=not config.rollout.dynamic_sampling)
     if getattr(svc.pool, "last_problem", None):  # the verifier service was down, refused or slow
         alerts.append(svc.pool.last_problem)
     for a in alerts:

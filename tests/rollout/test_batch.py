@@ -80,3 +80,9 @@ def test_select_prompts_is_a_function_of_the_slot():
     first = [r["id"] for k in range(2) for r in select_prompts(rows, k, 5, seed=1)[0]]
     assert sorted(first) == [str(i) for i in range(10)]
     assert math.isclose(len(select_prompts(rows, 7, 3, seed=0)[0]), 3)
+
+
+def test_flat_batch_alert_can_be_turned_off_for_dynamic_sampling():
+    flat = table([row("a", 1.0), row("a", 1.0)])
+    assert any("no learning signal" in a for a in batch_metrics(flat)[1])
+    assert batch_metrics(flat, flat_batch_alert=False)[1] == []

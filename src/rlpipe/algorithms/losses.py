@@ -56,11 +56,6 @@ class LossAgg:
             raise ValueError("loss aggregation 'constant' needs a positive constant (e.g. the max response length)")
 
 
-def count_for_agg(mask: torch.Tensor) -> tuple[float, float]:
-    """(tokens, sequences with ≥ 1 token) of a mask, for :class:`LossAgg`."""
-    return float(mask.sum()), float((mask.sum(-1) > 0).sum())
-
-
 def aggregate(x: torch.Tensor, mask: torch.Tensor, agg: LossAgg | None = None) -> torch.Tensor:
     """Reduce (B, T) per-token values under ``mask`` to a scalar; 0 (never NaN) when nothing is masked in."""
     agg = agg or LossAgg()

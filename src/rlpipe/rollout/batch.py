@@ -156,8 +156,11 @@ def table_to_samples(table: pa.Table) -> list[Sample]:
     return out
 
 
-def batch_metrics(table: pa.Table) -> tuple[dict[str, float], list[str]]:
-    """Reward statistics, status shares and response lengths of a scored batch, plus alerts."""
+def batch_metrics(table: pa.Table, flat_batch_alert: bool = True) -> tuple[dict[str, float], list[str]]:
+    """Reward statistics, status shares and response lengths of a scored batch, plus alerts.
+
+    ``flat_batch_alert=False`` when all-equal rewards are expected and handled (dynamic sampling
+    drops such groups and draws more)."""
     rows = table.to_pylist()
     n = max(len(rows), 1)
     ok = [r["reward"] for r in rows if r["reward_status"] == "ok"]
@@ -172,7 +175,7 @@ def batch_metrics(table: pa.Table) -> tuple[dict[str, float], list[str]]:
     signal = group_signal(rows)
     metrics |= {"groups": float(len(signal)), "groups_with_signal": float(sum(signal.values()))}
     alerts = []
-    if ok and len(set(ok)) == 1:
+    if flat_batch_alert and ok and len(set(ok)) == 1:
         alerts.append(f"all {len(ok)} scored rewards equal {ok[0]:g}: no learning signal in this batch")
     if rows and len(ok) < 0.5 * len(rows):
         alerts.append(f"only {len(ok)}/{len(rows)} samples could be scored (see status_* metrics)")
