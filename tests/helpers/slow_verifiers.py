@@ -6,7 +6,7 @@ import time
 from rlpipe.rewards.base import VerifyResult, register_verifier
 
 
-@register_verifier("test_sleepy", version="1")
+@register_verifier("test_sleepy", version="1", budget_s=0.5)
 def sleepy(response: str, ground_truth: str | None) -> VerifyResult:
     if response.startswith("sleep"):
         time.sleep(float(response.split()[1]))

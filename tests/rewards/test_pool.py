@@ -9,7 +9,7 @@ PLUGIN = ("tests.helpers.slow_verifiers",)
 
 @pytest.fixture(scope="module")
 def pool():
-    with VerifierPool(workers=2, timeout_s=1.0, plugins=PLUGIN) as p:
+    with VerifierPool(workers=2, grace_s=0.5, plugins=PLUGIN) as p:
         yield p
 
 

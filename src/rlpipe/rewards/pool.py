@@ -5,6 +5,11 @@ main thread; scoring from a Prefect task thread would silently lose it (peers sh
 rewards that way). Here each sample runs on a worker's main thread, and the pool enforces a
 wall-clock deadline from outside: a worker that overruns is SIGKILLed and replaced, and its
 sample gets status ``timeout``. Concurrency is bounded by the number of workers.
+
+The deadline of each sample is the verifier's own declared budget for that item
+(``Verifier.budget_s``) plus ``grace_s`` (process scheduling, sandbox start-up): the pool never
+pre-empts a verdict the verifier would have given, so a program that hangs is scored 0 by its
+verifier instead of being excluded as ``timeout`` (hanging must not pay better than failing).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rlpipe.rewards.base import VerifyResult
+import rlpipe.rewards  # noqa: F401 - registers the built-in verifiers, whose budgets the parent reads
+from rlpipe.rewards.base import DEFAULT_BUDGET_S, VerifyResult, check_options, get_verifier
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,7 @@ class VerifyItem:
     ground_truth: str | None
 
 
-def _worker(conn: Connection, plugins: tuple[str, ...]) -> None:
+def _worker(conn: Connection, plugins: tuple[str, ...], options: dict[str, dict[str, Any]]) -> None:
     from rlpipe.rewards import get_verifier
 
     for mod in plugins:
@@ -42,20 +48,21 @@ def _worker(conn: Connection, plugins: tuple[str, ...]) -> None:
             return
         idx, name, response, gt = msg
         try:
-            res = get_verifier(name)(response, gt)
+            res = get_verifier(name)(response, gt, **options.get(name, {}))
         except Exception as e:  # noqa: BLE001 - a verifier bug must not kill the pool
             res = VerifyResult(None, "error", f"{type(e).__name__}: {e}"[:200])
-        conn.send((idx, res.reward, res.status, res.reason))
+        conn.send((idx, res.reward, res.status, res.reason, res.isolation))
 
 
 class _Worker:
-    def __init__(self, ctx: Any, plugins: tuple[str, ...]):
+    def __init__(self, ctx: Any, plugins: tuple[str, ...], options: dict[str, dict[str, Any]]):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, plugins), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, plugins, options), daemon=True)
         self.proc.start()
         child.close()
         self.job: int | None = None
         self.deadline = 0.0
+        self.limit = 0.0
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -67,17 +74,24 @@ class _Worker:
 class VerifierPool:
     """``score(items)`` → one :class:`VerifyResult` per item, in order; never raises on model output."""
 
-    def __init__(self, workers: int = 2, timeout_s: float = 5.0, plugins: tuple[str, ...] = ()):
+    def __init__(self, workers: int = 2, grace_s: float = 5.0, plugins: tuple[str, ...] = (),
+                 options: dict[str, dict[str, Any]] | None = None):
         if workers < 1:
             raise ValueError("a verifier pool needs at least one worker")
+        if grace_s <= 0:
+            raise ValueError("grace_s must be positive")
+        for mod in plugins:  # the parent reads budgets, so it must know the plugins' verifiers too
+            importlib.import_module(mod)
+        self.options = {k: dict(v) for k, v in (options or {}).items()}
+        check_options(self.options)
         # forkserver: workers fork from a small clean process, not from this one (which may hold
         # torch/vLLM threads), and a replacement starts in milliseconds.
         self._ctx = mp.get_context("forkserver" if os.name == "posix" else "spawn")
         if os.name == "posix":
             self._ctx.set_forkserver_preload(["rlpipe.rewards", *plugins])
         self.plugins = tuple(plugins)
-        self.timeout_s = timeout_s
-        self._workers = [_Worker(self._ctx, self.plugins) for _ in range(workers)]
+        self.grace_s = grace_s
+        self._workers = [_Worker(self._ctx, self.plugins, self.options) for _ in range(workers)]
         self.restarts = 0
 
     @property
@@ -89,8 +103,17 @@ class VerifierPool:
 
     def _replace(self, i: int) -> None:
         self._workers[i].kill()
-        self._workers[i] = _Worker(self._ctx, self.plugins)
+        self._workers[i] = _Worker(self._ctx, self.plugins, self.options)
         self.restarts += 1
+
+    def deadline_s(self, item: VerifyItem) -> float:
+        """The hard wall-clock limit of one item: its verifier's declared budget plus the grace period."""
+        try:
+            v = get_verifier(item.verifier)
+            budget = float(v.budget_s(item.ground_truth, **self.options.get(item.verifier, {})))
+        except Exception:  # noqa: BLE001 - unknown verifier or unreadable reference: the worker reports it
+            budget = DEFAULT_BUDGET_S
+        return budget + self.grace_s
 
     def score(self, items: list[VerifyItem]) -> list[VerifyResult]:
         results: list[VerifyResult | None] = [None] * len(items)
@@ -104,7 +127,8 @@ class VerifierPool:
                     j = queue.popleft()
                     it = items[j]
                     w.conn.send((j, it.verifier, it.response, it.ground_truth))
-                    w.job, w.deadline = j, time.monotonic() + self.timeout_s
+                    w.limit = self.deadline_s(it)
+                    w.job, w.deadline = j, time.monotonic() + w.limit
             busy = [w for w in self._workers if w.job is not None]
             timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
             ready = wait([w.conn for w in busy], timeout=timeout)
@@ -113,8 +137,8 @@ class VerifierPool:
                     continue
                 if w.conn in ready:
                     try:
-                        idx, reward, status, reason = w.conn.recv()
-                        results[idx] = VerifyResult(reward, status, reason)
+                        idx, reward, status, reason, isolation = w.conn.recv()
+                        results[idx] = VerifyResult(reward, status, reason, isolation)
                     except (EOFError, OSError):  # the worker died (e.g. OOM-killed) mid-sample
                         results[w.job] = VerifyResult(None, "error", "verifier worker died")
                         w.job = None
@@ -122,7 +146,8 @@ class VerifierPool:
                         continue
                     w.job = None
                 elif time.monotonic() >= w.deadline:
-                    results[w.job] = VerifyResult(None, "timeout", f"no verdict within {self.timeout_s:g} s; worker killed")
+                    results[w.job] = VerifyResult(None, "timeout", f"verifier {items[w.job].verifier!r} gave no verdict within "
+                                                  f"its budget + grace ({w.limit:g} s); worker killed")
                     w.job = None
                     self._replace(i)
         return [r if r is not None else VerifyResult(None, "error", "no verdict") for r in results]
