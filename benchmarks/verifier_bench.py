@@ -56,7 +56,7 @@ def pool_rate(workers: int, n: int) -> float:
 
     rng = random.Random(0)
     items = [VerifyItem("math", f"\\boxed{{{rng.randint(0, 200)}}}", str(rng.randint(0, 200))) for _ in range(n)]
-    with VerifierPool(workers=workers, timeout_s=10) as pool:
+    with VerifierPool(workers=workers, grace_s=10) as pool:
         pool.score(items[:50])  # warm-up: imports in the workers
         t = time.perf_counter()
         pool.score(items)

@@ -60,8 +60,9 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     # storage, checkpoint saves, sync, logging.
     overhead = wall - stages["generate_s"] - stages["verify_s"] - stages["update_s"] - stages["eval_s"]
     metrics = (
-        {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
-        | {k: v[k] for k in v if k.startswith("status_")}
+        {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share",
+                           "invalid_share")}
+        | {k: v[k] for k in v if k.startswith(("status_", "sandbox/", "verifier/"))}
         | {k: val for k, val in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith("dynamic/")}
         | {f"time/{k}": val for k, val in stages.items()}
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),

@@ -123,6 +123,7 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "registered_model": {"name": config.registered_model, "version": progress.get("last_registered")},
         "final_policy_version": progress.get("weights_sha256"),
         "engine": services.get("engine"),
+        "sandbox_level": services.get("sandbox_level"),
         "stage_seconds": breakdown,
         "iteration_seconds_mean": round(iter_total / max(len(history), 1), 3),
         "overhead_share": round(breakdown["overhead_s"] / max(iter_total - breakdown["eval_s"], 1e-9), 4),

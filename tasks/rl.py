@@ -19,6 +19,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
+from rlpipe.rewards.guards import (
+    RewardCircuitOpen, SandboxFloorError, check_circuit, check_rows_isolation, check_sandbox_floor, invalid_share, sandboxed_verifiers,
+)
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.batch import (
@@ -91,23 +94,47 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     expected = file_weights_sha256(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
-    url = settings().verifier_url
-    if url:
-        from rlpipe.rewards.remote import RemoteVerifier
-
-        pool = RemoteVerifier(url, timeout_s=max(60.0, config.reward.timeout_s * 10))
-        if not pool.healthy():
-            log.warning("ALERT verifier service %s is not healthy; samples it cannot score get status skipped", url)
-    else:
-        pool = VerifierPool(workers=config.reward.workers, timeout_s=config.reward.timeout_s,
-                            plugins=tuple(config.reward.plugins))
+    sandbox_level = _check_sandbox_floor(config, rows)
+    pool = _verifier_pool(config)
     register_services(RunServices(
         run_id=run_id, engine=engine, trainer=trainer, pool=pool, tokenizer=trainer.tokenizer,
         train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows},
     ))
     log.info("services up in %.1f s (engine %s %.1f s, verifier %s); policy %s", time.perf_counter() - start,
              engine.name, engine_s, url or f"{pool.size} local workers", expected[:12])
-    return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start}
+    return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start,
+            "sandbox_level": sandbox_level}
+
+
+def _verifier_pool(config: RunConfig):
+    """The verifier service when RLPIPE_VERIFIER_URL is set, else a local pool of worker processes."""
+    url = settings().verifier_url
+    if not url:
+        return VerifierPool(workers=config.reward.workers, grace_s=config.reward.grace_s,
+                            plugins=tuple(config.reward.plugins), options=config.reward.verifier_options())
+    from rlpipe.rewards.remote import RemoteVerifier
+
+    pool = RemoteVerifier(url, timeout_s=600.0)
+    if not pool.healthy():
+        run_logger().warning("ALERT verifier service %s is not healthy; samples it cannot score get status skipped", url)
+    return pool
+
+
+def _check_sandbox_floor(config: RunConfig, rows: list[dict[str, Any]]) -> str | None:
+    """Refuse to start a run that would score model code below reward.sandbox_min_level.
+
+    With a verifier service the sandbox is the service's: each verdict's level is checked instead."""
+    used = sandboxed_verifiers(r["task"] for r in rows)
+    if not used:
+        return None
+    if settings().verifier_url:
+        return "remote"
+    from rlpipe.sandbox import isolation_report
+
+    level = isolation_report()["level"]
+    check_sandbox_floor(level, config.reward.required_sandbox_components(), f"verifier(s) {', '.join(used)} on this machine")
+    run_logger().info("sandbox for %s: %s", ", ".join(used), level)
+    return level
 
 
 # -- the iteration's stages -------------------------------------------------------------------
@@ -144,7 +171,14 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> di
     return meta | {"prefix": prefix, "reused": False}
 
 
-@task(name="verify", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
+def _retry_unless_guard(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a failed verify, except when a reward guard tripped: rescoring would only repeat it."""
+    exc = state.result(raise_on_failure=False)
+    return not isinstance(exc, (RewardCircuitOpen, SandboxFloorError))
+
+
+@task(name="verify", retries=1, retry_delay_seconds=1, retry_condition_fn=_retry_unless_guard, cache_policy=NO_CACHE,
+      timeout_seconds=3600)
 def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any], draw: int = 0) -> dict[str, Any]:
     store = _store(config)
     prefix = stage_prefix(run_id, iteration, _stage("verify", draw))
@@ -154,7 +188,16 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
     start = time.perf_counter()
     table = store.read_stage(rollout_ref["prefix"], schema=TRAJECTORY_SCHEMA)
     read_s = time.perf_counter() - start
+    healthy = svc.pool.healthy()  # every iteration, not only at start
+    if not healthy:
+        run_logger().warning("ALERT iteration %d: verifier pool/service not healthy; unscorable samples are counted", iteration)
     scored, stats = score_table(svc.pool, table, svc.ground_truth)
+    rows = scored.to_pylist()
+    stats |= check_rows_isolation(rows, config.reward.required_sandbox_components())
+    stats |= {"verifier/healthy": float(healthy), "verifier/restarts": float(getattr(svc.pool, "restarts", 0))}
+    previous = [h.get("invalid_share", 0.0) for h in (read_progress(run_id) or {}).get("history", []) if h["iteration"] < iteration]
+    check_circuit(previous, invalid_share(rows), rows, config.reward.max_invalid_share,
+                  config.reward.max_invalid_iterations, iteration)
     if config.reward.overlong_buffer:
         scored, pen = apply_overlong_penalty(scored, config.rollout.max_new_tokens, config.reward.overlong_buffer,
                                              config.reward.overlong_penalty)

@@ -31,7 +31,6 @@ def test_seed_design_config_loads(tmp_path):
 task: {name: gsm8k, policy_model: tiny, ref_model: tiny, dataset: builtin:arithmetic}
 reward: {type: rule_based, verifier: math}
 rollout: {engine: vllm, batch_size: 8, samples_per_prompt: 8, max_new_tokens: 6, temperature: 1.0, top_p: 1.0}
-agent: {env: calculator, max_steps_per_episode: 4, episode_timeout_sec: 30}
 train: {algorithm: grpo, lr: 3.0e-5, kl_coef: 0.0, clip_ratio: 0.2, batch_size: 64, micro_batch_size: 16,
         zero_stage: 1, total_iterations: 20, save_interval: 5}
 storage: {uri: s3://bucket/rlpipe}
@@ -39,7 +38,7 @@ tracking: {experiment: demo}
 seed: 3
 """)
     cfg = load_config(p)
-    assert cfg.train.zero_stage == 1 and cfg.agent.env == "calculator" and cfg.seed == 3
+    assert cfg.train.zero_stage == 1 and cfg.seed == 3
     assert cfg.flat()["train.lr"] == 3e-5
 
 
@@ -88,8 +87,8 @@ def test_not_yaml_not_a_mapping_and_missing_file(tmp_path):
 
 def test_overrides_are_typed_and_validated(tmp_path):
     p = write(tmp_path, "train: {lr: 1.0e-4}\n")
-    cfg = load_config(p, ["train.lr=1e-5", "data.operations=[add, mul]", "agent.env=calc", "seed=7"])
-    assert cfg.train.lr == 1e-5 and cfg.data.operations == ["add", "mul"] and cfg.agent.env == "calc" and cfg.seed == 7
+    cfg = load_config(p, ["train.lr=1e-5", "data.operations=[add, mul]", "reward.code_scoring=all", "seed=7"])
+    assert cfg.train.lr == 1e-5 and cfg.data.operations == ["add", "mul"] and cfg.reward.code_scoring == "all" and cfg.seed == 7
     assert "train.nope" in problems(p, ["train.nope=1"])
     with pytest.raises(ConfigError):
         apply_overrides({}, ["no-equals-sign"])
@@ -167,3 +166,24 @@ def test_presets_resolve_to_their_method(preset):
     assert parts["advantage"] == {"ppo": "gae", "dapo": "grpo", "gspo": "grpo"}.get(preset, preset)
     assert (parts["policy_loss"] == "gspo") == (preset == "gspo")
     assert cfg.rollout.dynamic_sampling == (preset == "dapo")
+
+
+@pytest.mark.parametrize("text,path,words", [
+    ("reward: {type: model_based}\n", "reward.type", "not implemented yet"),
+    ("reward: {endpoint: verifier-host}\n", "reward.endpoint", "RLPIPE_VERIFIER_URL"),
+    ("reward: {timeout_s: 10}\n", "reward.timeout_s", "reward.grace_s"),
+    ("agent: {env: calculator}\n", "agent", "not implemented yet"),
+    ("reward: {sandbox_min_level: bwrap+chroot}\n", "reward.sandbox_min_level", "'chroot'"),
+    ("reward: {code_scoring: most}\n", "reward.code_scoring", "fraction"),
+    ("reward: {max_invalid_share: 1.5}\n", "reward.max_invalid_share", "less than or equal"),
+])
+def test_keys_nothing_implements_are_refused_by_path(tmp_path, text, path, words):
+    found = problems(write(tmp_path, text))
+    assert path in found and words in found[path], found
+
+
+def test_reward_options_reach_the_verifiers_and_the_floor_is_parsed():
+    cfg = RunConfig.model_validate({"reward": {"code_scoring": "all", "sandbox_min_level": "seccomp+rlimits"}})
+    assert cfg.reward.verifier_options() == {"code": {"scoring": "all"}}
+    assert cfg.reward.required_sandbox_components() == ("seccomp", "rlimits")
+    assert RunConfig().reward.required_sandbox_components() == ("bwrap", "seccomp", "uid", "rlimits", "cgroup")

@@ -119,29 +119,86 @@ class SFTConfig(_Strict):
     )
 
 
+SANDBOX_COMPONENTS = ("bwrap", "seccomp", "uid", "rlimits", "cgroup")
+
+# Keys that name features rlpipe does not have yet. They are refused with this message rather than
+# accepted and ignored (a config key nothing implements is an error, not a silent no-op).
+_NOT_IMPLEMENTED = {
+    "reward.type=model_based": "model-based rewards (a reward model) are not implemented yet; "
+    "use type: rule_based with a verifier",
+    "reward.endpoint": "the verifier service is not read from the config: remove this key and set "
+    "RLPIPE_VERIFIER_URL=<url>",
+    "reward.timeout_s": "removed: each sample's hard deadline is its verifier's declared budget plus "
+    "reward.grace_s; remove this key (or set reward.grace_s)",
+    "agent": "multi-step agentic RL (environments, episodes) is not implemented yet; remove the agent section",
+}
+
+
 class RewardConfig(_Strict):
-    type: Literal["rule_based", "model_based"] = Field(
-        "rule_based", description="rule_based: verifiers score answers; model_based: a reward model does."
+    type: Literal["rule_based"] = Field(
+        "rule_based", description="rule_based: verifiers score answers (the only kind implemented today)."
     )
-    verifier: str = Field("math", description="Verifier name for rule_based rewards (e.g. math, code, format).")
+    verifier: str = Field("math", description="Verifier for prompt rows that name none (e.g. math, code, format).")
     workers: int = Field(2, ge=1, le=64, description="Verifier worker processes (bounded concurrency).")
-    timeout_s: float = Field(5.0, gt=0, description="Hard wall-clock limit per sample; a hung worker is killed and the sample gets status 'timeout'.")
+    grace_s: float = Field(
+        5.0, gt=0, description="Added to each verifier's declared budget for a sample to get the pool's hard "
+        "wall-clock deadline (a worker past it is killed and the sample gets status 'timeout'). The budget "
+        "itself comes from the verifier, so the pool never pre-empts a verdict the verifier would give."
+    )
     plugins: list[str] = Field(default_factory=list, description="Python modules imported in verifier workers to register extra verifiers.")
+    code_scoring: Literal["fraction", "all"] = Field(
+        "fraction", description="Code verifier: 'fraction' rewards the share of tests passed; 'all' gives 1 only "
+        "when every test passes, else 0."
+    )
+    sandbox_min_level: str = Field(
+        "full", description="Least sandbox isolation a run that executes model code may score at: 'full' (all of "
+        "bwrap+seccomp+uid+rlimits+cgroup) or the '+'-joined components required, e.g. 'seccomp+rlimits'. "
+        "The run refuses to start below it; the level used is stored on every trajectory row."
+    )
+    max_invalid_share: float = Field(
+        0.5, ge=0, le=1, description="Circuit breaker: an iteration whose share of samples not 'ok' is above this "
+        "counts as invalid."
+    )
+    max_invalid_iterations: int = Field(
+        3, ge=1, description="Circuit breaker: stop the run (resumably) after this many invalid iterations in a row."
+    )
     overlong_buffer: int | None = Field(
         None, ge=1, description="DAPO soft overlong punishment: responses longer than max_new_tokens − buffer lose "
         "up to overlong_penalty linearly (null: off)."
     )
     overlong_penalty: float = Field(1.0, ge=0, description="Largest overlong punishment (reached at max_new_tokens).")
-    endpoint: str | None = Field(
-        None,
-        description="Verifier/reward-model service; set RLPIPE_VERIFIER_URL / RLPIPE_REWARD_MODEL_URL instead. "
-        "Unset: score in-process.",
-    )
 
-    @field_validator("endpoint")
+    @model_validator(mode="before")
     @classmethod
-    def _endpoint_from_env(cls, v: str | None) -> str | None:
-        return _reject_network_endpoint(v, "RLPIPE_VERIFIER_URL")
+    def _refuse_unimplemented(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if data.get("type") == "model_based":
+                raise ValueError(f"@type@{_NOT_IMPLEMENTED['reward.type=model_based']}")
+            for key in ("endpoint", "timeout_s"):
+                if key in data:
+                    raise ValueError(f"@{key}@{_NOT_IMPLEMENTED['reward.' + key]}")
+        return data
+
+    @field_validator("sandbox_min_level")
+    @classmethod
+    def _known_components(cls, v: str) -> str:
+        if v == "full":
+            return v
+        parts = v.split("+")
+        bad = [p for p in parts if p not in SANDBOX_COMPONENTS]
+        if bad or not v:
+            raise ValueError(f"unknown sandbox component(s) {bad or [v]}; use 'full' or a '+'-joined subset of "
+                             f"{'+'.join(SANDBOX_COMPONENTS)}")
+        return v
+
+    def required_sandbox_components(self) -> tuple[str, ...]:
+        if self.sandbox_min_level == "full":
+            return SANDBOX_COMPONENTS
+        return tuple(c for c in SANDBOX_COMPONENTS if c in self.sandbox_min_level.split("+"))
+
+    def verifier_options(self) -> dict[str, dict[str, Any]]:
+        """Per-verifier options the pool passes to each call."""
+        return {"code": {"scoring": self.code_scoring}}
 
 
 class RolloutConfig(_Strict):
@@ -156,12 +213,6 @@ class RolloutConfig(_Strict):
         "until batch_size groups with signal are in hand (or max_extra_draws is spent)."
     )
     max_extra_draws: int = Field(3, ge=0, description="Dynamic sampling: most extra draws of batch_size prompts per iteration.")
-
-
-class AgentConfig(_Strict):
-    env: str = Field(..., description="Registered agent environment name.")
-    max_steps_per_episode: int = Field(8, ge=1, description="Turns before an episode is cut off.")
-    episode_timeout_sec: float = Field(60.0, gt=0, description="Wall-clock limit of one episode.")
 
 
 class CriticConfig(_Strict):
@@ -312,11 +363,17 @@ class RunConfig(_Strict):
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised warm-up.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Where rewards come from.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling of completions.")
-    agent: AgentConfig | None = Field(None, description="Multi-step agentic episodes (optional).")
     train: TrainConfig = Field(default_factory=TrainConfig, description="The RL update.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Object store for runs.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "agent" in data:
+            raise ValueError(f"@agent@{_NOT_IMPLEMENTED['agent']}")
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
@@ -412,6 +469,9 @@ def validate_raw(raw: Any, source: str = "<config>") -> RunConfig:
             if err["type"] == "extra_forbidden":
                 msg = "unknown key (check the spelling; see `rlpipe config schema`)"
             msg = msg.removeprefix("Value error, ")
+            if msg.startswith("@"):  # a model validator naming the key it refuses: "@key@message"
+                key, msg = msg[1:].split("@", 1)
+                loc = (*loc, key)
             problems.append((_yaml_path(loc), msg))
         raise ConfigError(source, problems) from None
 

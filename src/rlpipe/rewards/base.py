@@ -16,6 +16,8 @@ Each verifier declares:
   is wrong with it and how to fix it (``rlpipe data validate`` runs this on every row).
 - ``options``: the keyword options it accepts (e.g. ``code``'s ``scoring``); anything else is an
   error when the pool is built, not a silent no-op.
+- ``sandboxed``: it executes model-written code in :mod:`rlpipe.sandbox`; a run that uses it must
+  meet its ``reward.sandbox_min_level`` and records the level on every row.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Verifier(Protocol):
     name: str
     version: str
     options: frozenset[str]
+    sandboxed: bool
 
     def __call__(self, response: str, ground_truth: str | None, **options: Any) -> VerifyResult: ...
 
@@ -67,6 +70,7 @@ def register_verifier(
     budget_s: float | Callable[..., float] = DEFAULT_BUDGET_S,
     check_reference: Callable[..., str | None] | None = None,
     options: tuple[str, ...] = (),
+    sandboxed: bool = False,
 ) -> Callable[[Callable[..., VerifyResult]], Verifier]:
     """Register ``fn(response, ground_truth, **options) -> VerifyResult`` under ``name``."""
 
@@ -76,6 +80,7 @@ def register_verifier(
         fn.name = name  # type: ignore[attr-defined]
         fn.version = version  # type: ignore[attr-defined]
         fn.options = frozenset(options)  # type: ignore[attr-defined]
+        fn.sandboxed = sandboxed  # type: ignore[attr-defined]
         fn.budget_s = budget_s if callable(budget_s) else (lambda ground_truth, _b=float(budget_s), **o: _b)  # type: ignore[attr-defined]
         fn.check_reference = check_reference or _no_check  # type: ignore[attr-defined]
         _REGISTRY[name] = fn  # type: ignore[assignment]

@@ -69,7 +69,7 @@ def generate_table(
                 "policy_version": version, "prompt_token_ids": ids, "response_token_ids": c.token_ids,
                 "response_text": c.text, "logprobs": c.logprobs, "loss_mask": [1] * len(c.token_ids), "steps": None,
                 "reward": None, "reward_status": "skipped", "reward_reason": "not scored yet",
-                "verifier": p["task"], "verifier_version": None, "truncated": c.finish_reason == "length",
+                "verifier": p["task"], "verifier_version": None, "isolation": None, "truncated": c.finish_reason == "length",
                 "generate_s": per_sample, "verify_s": None,
             })
     table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
@@ -91,6 +91,7 @@ def score_table(pool: VerifierPool, table: pa.Table, ground_truth: dict[str, str
         r["reward"] = v.reward if v.status == "ok" else None
         r["reward_status"] = v.status
         r["reward_reason"] = v.reason or None
+        r["isolation"] = v.isolation
         try:
             r["verifier_version"] = get_verifier(r["verifier"]).version
         except KeyError:
@@ -171,6 +172,7 @@ def batch_metrics(table: pa.Table, flat_batch_alert: bool = True) -> tuple[dict[
         "accuracy": sum(1 for x in ok if x == 1.0) / n,
         "response_length_mean": statistics.fmean(len(r["response_token_ids"]) for r in rows) if rows else 0.0,
         "truncated_share": sum(bool(r["truncated"]) for r in rows) / n,
+        "invalid_share": sum(r["reward_status"] != "ok" for r in rows) / n,
     }
     signal = group_signal(rows)
     metrics |= {"groups": float(len(signal)), "groups_with_signal": float(sum(signal.values()))}

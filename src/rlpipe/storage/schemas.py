@@ -50,9 +50,11 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("reward_reason", pa.string()),
         pa.field("verifier", pa.string()),
         pa.field("verifier_version", pa.string()),
+        # Sandbox isolation level the verdict was produced at (verifiers that run code), else null.
+        pa.field("isolation", pa.string()),
         pa.field("truncated", pa.bool_()),
         pa.field("generate_s", pa.float64()),
         pa.field("verify_s", pa.float64()),
     ],
-    metadata={"rlpipe.table": "trajectories", "rlpipe.schema_version": "1"},
+    metadata={"rlpipe.table": "trajectories", "rlpipe.schema_version": "2"},
 )
