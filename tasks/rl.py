@@ -78,6 +78,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
 
     log = run_logger()
     rows = _store(config).read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
+    sandbox_level = _check_sandbox_floor(config, rows)  # before anything slow starts
     train = [r for r in rows if r["split"] == "train"]
     test = [r for r in rows if r["split"] == "test"]
     if config.train.eval_size:
@@ -94,7 +95,6 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     expected = file_weights_sha256(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
-    sandbox_level = _check_sandbox_floor(config, rows)
     pool = _verifier_pool(config)
     register_services(RunServices(
         run_id=run_id, engine=engine, trainer=trainer, pool=pool, tokenizer=trainer.tokenizer,

@@ -26,3 +26,15 @@ def crashy(response: str, ground_truth: str | None) -> VerifyResult:
 def even_length(response: str, ground_truth: str | None) -> VerifyResult:
     """A reward any policy can earn: 1 when the response has an even number of characters."""
     return VerifyResult(float(len(response) % 2 == 0), "ok")
+
+
+def broken_flag() -> str:
+    """While this file exists, ``test_flaky`` fails as a broken verifier would (a cause a person fixes)."""
+    return os.path.join(os.environ.get("RLPIPE_HOME", "/tmp"), "test-verifier-broken")
+
+
+@register_verifier("test_flaky", version="1")
+def flaky(response: str, ground_truth: str | None) -> VerifyResult:
+    if os.path.exists(broken_flag()):
+        return VerifyResult(None, "error", "reference store unreachable (test flag set)")
+    return VerifyResult(float(len(response) % 2 == 0), "ok")
