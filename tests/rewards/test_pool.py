@@ -49,3 +49,19 @@ def test_crashing_and_raising_verifiers_become_error_statuses(pool):
 def test_many_items_keep_order(pool):
     items = [VerifyItem("exact", str(i), str(i if i % 3 else -1)) for i in range(50)]
     assert [r.reward for r in pool.score(items)] == [0.0 if i % 3 == 0 else 1.0 for i in range(50)]
+
+
+def test_deadline_is_the_verifiers_budget_plus_grace_so_a_verdict_is_never_preempted(pool):
+    # test_sleepy declares a 0.5 s budget; with 0.5 s of grace a 0.8 s verdict still arrives.
+    assert pool.deadline_s(VerifyItem("test_sleepy", "x", None)) == 1.0
+    res = pool.score([VerifyItem("test_sleepy", "sleep 0.8", None)])
+    assert (res[0].status, res[0].reward) == ("ok", 1.0), res[0].reason
+    res = pool.score([VerifyItem("test_sleepy", "sleep 3", None)])
+    assert res[0].status == "timeout" and "budget + grace (1 s)" in res[0].reason
+
+
+def test_options_a_verifier_does_not_accept_are_refused_when_the_pool_is_built():
+    with pytest.raises(ValueError, match="verifier 'math' has no option"):
+        VerifierPool(workers=1, options={"math": {"scoring": "all"}})
+    with pytest.raises(KeyError, match="unknown verifier"):
+        VerifierPool(workers=1, options={"astrology": {}})
