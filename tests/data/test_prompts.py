@@ -114,3 +114,120 @@ def test_cli_data_validate_and_build(tmp_path):
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["data", "validate", str(out)])
     assert res.exit_code == 0 and "8100 rows, ok" in res.output
+
+
+# -- references the verifier cannot use, and prompts that give their answer away -------------
+
+FMT = {"id": "f1", "prompt": "Think, then answer 12+34.", "task": "format", "split": "train"}
+JSN = {"id": "j1", "prompt": "Describe Ada as JSON.", "task": "json", "split": "train"}
+
+
+@pytest.mark.parametrize(
+    "bad,field,problem",
+    [
+        (FMT | {"ground_truth": '{"regex": "("}'}, "ground_truth", "regex '(' does not compile"),
+        (FMT | {"ground_truth": '{"tagz": ["answer"]}'}, "ground_truth", "unknown key(s) ['tagz']"),
+        (FMT | {"ground_truth": "{}"}, "ground_truth", "empty rule"),
+        (FMT | {"ground_truth": "<answer>"}, "ground_truth", "rule is not JSON"),
+        (JSN | {"ground_truth": '{"type": "objekt"}'}, "ground_truth", "invalid schema at type"),
+        (JSN | {"ground_truth": '{"$ref": "#/definitions/person"}'}, "ground_truth", "invalid schema"),
+        (OTHER | {"prompt": "7+7=14"}, "prompt", "contains its own reference answer '14'"),
+        (OTHER | {"prompt": "What is 7+7?\nThe answer is 14."}, "prompt", "contains its own reference answer"),
+        (OTHER | {"prompt": "Tom has 7 apples and gets 7 more. How many?\n#### 14"}, "prompt", "its own reference"),
+        (OTHER | {"prompt": [{"role": "user", "content": "7 + 7 = 14"}], "id": "c1"}, "prompt", "its own reference"),
+    ],
+)
+def test_unusable_references_and_leaked_answers_are_named(tmp_path, bad, field, problem):
+    found = validate_prompts(load_prompts(jsonl(tmp_path, [GOOD, bad])))
+    assert len(found) == 1, found
+    f = found[0]
+    assert (f.row, f.field) == (bad["id"], field) and problem in f.problem, f
+    assert f.fix  # every finding says what to do
+
+
+@pytest.mark.parametrize(
+    "prompt,ground_truth",
+    [
+        ("14+3=", "17"), ("14+3=", "4"),  # '4' occurs inside 14, and as an operand of other rows
+        ("8-4=", "4"), ("4*1=", "4"), ("0+4=", "4"),  # the answer equals an operand
+        ("If x = 4, what is x + 1?", "5"), ("Let a = 5 and b = 5. What is a*b/5?", "5"),  # definitions
+        ("12+34=46.5 is wrong; what is 12+34?", "46"), ("12+34=460?", "46"),  # not the whole number
+        ("Q: 3+4=7\nQ: 2+5=", "7"),  # a few-shot example with the same answer
+        ("Reply with yes or no. Answer: yes or no. Is 7 prime?", "yes"),
+        ("A shop sold 1,250 cups. How many?", "1250"),
+    ],
+)
+def test_no_false_alarm_on_operands_definitions_and_examples(tmp_path, prompt, ground_truth):
+    assert validate_prompts(load_prompts(jsonl(tmp_path, [GOOD | {"prompt": prompt, "ground_truth": ground_truth}]))) == []
+
+
+def test_builtin_arithmetic_has_no_findings():
+    from rlpipe.config import DataConfig
+    from rlpipe.data.arithmetic import build_arithmetic
+
+    # One-digit operands over every operation: answers equal operands (0+4, 4*1, 8-4) and sit inside
+    # other numbers (4 in 14) everywhere.
+    small = DataConfig(digits=1, operations=["add", "sub", "mul"], test_size=60, validation_size=20)
+    assert validate_prompts(build_arithmetic(small)) == []
+    assert validate_prompts(build_arithmetic(DataConfig())) == []
+
+
+@pytest.fixture
+def checked(monkeypatch):
+    """Record what reference checks are given, answering from a table: the math verifier's, and a
+    tests-based verifier's (like ``code``) registered for this test only."""
+    from rlpipe.rewards import base, get_verifier
+
+    calls: list[tuple[str, str | None, dict]] = []
+
+    def fake(name, verdicts):
+        def check(reference, **options):
+            calls.append((name, reference, options))
+            if reference == "boom":
+                raise RuntimeError("checker bug")
+            return verdicts.get(reference)
+        return check
+
+    monkeypatch.setattr(get_verifier("math"), "check_reference", fake("math", {"\\frac{1}{": "cannot parse; write it as LaTeX"}))
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    base.register_verifier("test_tests", "1", options=("scoring",),
+                           check_reference=fake("test_tests", {'["assert f(1) ==="]': "test 1 does not compile"}))(
+        lambda response, ground_truth, **o: base.VerifyResult(1.0, "ok"))
+    return calls
+
+
+def test_each_reference_goes_to_its_verifier_through_the_registry(tmp_path, checked):
+    rows = [
+        GOOD,
+        OTHER | {"ground_truth": "\\frac{1}{"},
+        {"id": "c1", "prompt": "Write f.", "task": "test_tests", "ground_truth": None, "tests": ["assert f(1) ==="], "split": "train"},
+        {"id": "c2", "prompt": "Write g.", "task": "test_tests", "ground_truth": None, "tests": ["assert g() == 1"], "split": "train"},
+        GOOD | {"id": "b1", "prompt": "9+9=", "ground_truth": "boom"},
+    ]
+    found = {(f.row, f.field): f for f in validate_prompts(load_prompts(jsonl(tmp_path, rows)), options={"test_tests": {"scoring": "partial"}})}
+    assert set(found) == {("q9", "ground_truth"), ("c1", "tests"), ("b1", "ground_truth")}
+    assert "'math' verifier cannot use this ground_truth: cannot parse; write it as LaTeX" in found[("q9", "ground_truth")].problem
+    assert "test 1 does not compile" in found[("c1", "tests")].problem  # rows without ground_truth: the tests are the reference
+    assert "reference check crashed (RuntimeError: checker bug)" in found[("b1", "ground_truth")].problem
+    assert ("test_tests", '["assert g() == 1"]', {"scoring": "partial"}) in checked  # the verifier's options go along
+
+
+def test_a_reference_is_checked_once_per_distinct_value(tmp_path, checked):
+    rows = [GOOD | {"id": f"q{i}", "prompt": f"{i}+0=", "ground_truth": str(i % 3)} for i in range(30)]
+    assert validate_prompts(load_prompts(jsonl(tmp_path, rows))) == []
+    assert sorted(ref for _, ref, _ in checked) == ["0", "1", "2"]
+
+
+def test_json_rows_may_omit_the_schema(tmp_path):
+    assert validate_prompts(load_prompts(jsonl(tmp_path, [JSN | {"ground_truth": None}]))) == []
+    found = findings_for(tmp_path, [FMT | {"ground_truth": None}])
+    assert found == [("f1", "ground_truth", "no ground truth and no tests")]
+
+
+def test_cli_data_validate_names_reference_problems(tmp_path):
+    bad = jsonl(tmp_path, [GOOD, FMT | {"ground_truth": '{"regex": "("}'}, OTHER | {"prompt": "7+7=14"}])
+    res = CliRunner().invoke(app, ["data", "validate", str(bad), "--json"])
+    assert res.exit_code == 1
+    got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [(f["row"], f["field"]) for f in got] == [("f1", "ground_truth"), ("q9", "prompt")]
+    assert all(f["problem"] and f["fix"] for f in got)

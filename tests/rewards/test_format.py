@@ -60,3 +60,82 @@ def test_json_schema_verdicts(response, schema, status, reward, reason):
     res = get_verifier("json")(response, schema)
     assert (res.status, res.reward) == (status, reward), res.reason
     assert reason in res.reason
+
+
+# The verdict rule: a rule or schema that cannot be read or applied is the reference's fault
+# (status "error", no reward); whatever the response does wrong is the model's (0 / "ok").
+BROKEN_RULES = [
+    ("format", None, "no rule"),
+    ("format", "", "no rule"),
+    ("format", "{}", "empty rule"),
+    ("format", "not json", "not JSON"),
+    ("format", '["answer"]', "not an object"),
+    ("format", json.dumps({"tagz": ["answer"]}), "unknown key"),
+    ("format", json.dumps({"tags": "answer"}), "tags must be a non-empty list"),
+    ("format", json.dumps({"tags": []}), "tags must be a non-empty list"),
+    ("format", json.dumps({"tags": ["<answer>"]}), "not tag names"),
+    ("format", json.dumps({"tags": ["answer", "answer"]}), "listed twice"),
+    ("format", json.dumps({"regex": "("}), "does not compile"),
+    ("format", json.dumps({"regex": 5}), "regex must be a non-empty string"),
+    ("format", json.dumps({"answer": ["46"]}), "answer must be a string or a number"),
+    ("json", "{not a schema", "not a JSON schema"),
+    ("json", "5", "invalid schema"),
+    ("json", '{"type": 5}', "invalid schema"),
+    ("json", '{"type": "object", "required": "name"}', "invalid schema"),
+    ("json", '{"$ref": "#/definitions/missing"}', "invalid schema"),
+]
+
+
+@pytest.mark.parametrize("verifier,reference,problem", BROKEN_RULES)
+@pytest.mark.parametrize("response", ['<answer>46</answer>', '{"name": "Ada", "age": 36}', "", "garbage"])
+def test_a_broken_rule_is_an_error_never_a_zero(verifier, reference, problem, response):
+    v = get_verifier(verifier)
+    res = v(response, reference)
+    if res.status == "unparseable":  # an empty response may be reported first: still no reward
+        assert response == "" and res.reward is None
+        return
+    assert (res.status, res.reward) == ("error", None), res
+    msg = v.check_reference(reference)
+    assert msg and problem in msg, msg  # `rlpipe data validate` finds the same row before training
+
+
+@pytest.mark.parametrize(
+    "verifier,reference",
+    [
+        ("format", TAGS),
+        ("format", TAGS_ANSWER),
+        ("format", json.dumps({"regex": "[A-Z]{3}-\\d{3}"})),
+        ("format", json.dumps({"answer": 46})),
+        ("json", SCHEMA),
+        ("json", None),
+        ("json", "true"),
+        ("json", '{"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}'),
+    ],
+)
+def test_usable_rules_pass_the_reference_check(verifier, reference):
+    assert get_verifier(verifier).check_reference(reference) is None
+
+
+@pytest.mark.parametrize(
+    "verifier,response,reference,reward",
+    [
+        ("format", "no tags at all", TAGS, 0.0),
+        ("format", "<think>x</think>", TAGS, 0.0),
+        ("format", "<think>x</think><answer>45</answer>", TAGS_ANSWER, 0.0),
+        ("format", "46", json.dumps({"answer": 46}), 1.0),
+        ("json", "{'single': 'quotes'}", SCHEMA, 0.0),
+        ("json", '{"name": 1, "age": 36}', SCHEMA, 0.0),
+        ("json", '{"a": "x"}', '{"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}', 0.0),
+        ("json", '{"a": 3}', '{"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}', 1.0),
+    ],
+)
+def test_model_faults_are_judged_ok(verifier, response, reference, reward):
+    res = get_verifier(verifier)(response, reference)
+    assert (res.status, res.reward) == ("ok", reward), res
+
+
+def test_a_schema_that_breaks_only_on_some_answers_is_an_error():
+    schema = json.dumps({"properties": {"a": {"$ref": "#/$defs/nowhere"}}})
+    assert get_verifier("json")('{"b": 1}', schema).status == "ok"  # the broken part is never reached
+    res = get_verifier("json")('{"a": 1}', schema)
+    assert (res.status, res.reward) == ("error", None) and "cannot be applied" in res.reason

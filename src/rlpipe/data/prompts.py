@@ -124,74 +124,216 @@ def _normalise_prompt(text: str) -> str:
     return " ".join(text.split()).lower()
 
 
-def validate_prompts(table: pa.Table, verifiers: list[str] | None = None) -> list[Finding]:
-    """Every problem in a prompt table, each naming its row. An empty list means the table is usable."""
-    if verifiers is None:
-        from rlpipe.rewards import verifier_names
+def _row_id(r: dict[str, Any], n: int) -> str:
+    return r["id"] if r["id"] else f"line {n}"
 
-        verifiers = verifier_names()
-    findings: list[Finding] = []
-    missing = [name for name in PROMPT_SCHEMA.names if name not in table.column_names]
-    if missing:
-        return [Finding("*", ", ".join(missing), "required column(s) missing", f"add them; schema: {PROMPT_SCHEMA.names}")]
-    rows = table.to_pylist()
-    ids = Counter(r["id"] for r in rows)
+
+def _row_findings(r: dict[str, Any], rid: str, ids: Counter, verifiers: list[str]) -> list[Finding]:
+    """What is wrong with one row on its own: id, prompt shape, task, split, missing reference."""
+    found = []
+    if not r["id"]:
+        found.append(Finding(rid, "id", "empty id", "give every row a unique id"))
+    elif ids[r["id"]] > 1:
+        found.append(Finding(rid, "id", f"id used by {ids[r['id']]} rows", "make ids unique"))
+    prompt = r["prompt"] or ""
+    if not prompt.strip():
+        found.append(Finding(rid, "prompt", "empty prompt", "write the question, or remove the row"))
+    elif r["chat"] and _chat_messages(prompt) is None:
+        found.append(Finding(rid, "prompt", "chat prompt is not a list of {role, content} messages", "fix the messages"))
+    if r["task"] not in verifiers:
+        found.append(Finding(rid, "task", f"unknown verifier {r['task']!r}", f"use one of: {', '.join(verifiers)}"))
+    if r["split"] not in SPLITS:
+        found.append(Finding(rid, "split", f"unknown split {r['split']!r}", f"use one of: {', '.join(SPLITS)}"))
+    return found
+
+
+def _chat_messages(prompt: str) -> list[dict[str, str]] | None:
+    try:
+        msgs = json.loads(prompt)
+    except ValueError:
+        return None
+    ok = isinstance(msgs, list) and msgs and all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        for m in msgs
+    )
+    return msgs if ok else None
+
+
+def _duplicate_findings(rows: list[dict[str, Any]]) -> list[Finding]:
+    """The same prompt twice in a split, and the same prompt in train and a held-out split (leakage)."""
+    found = []
     prompts_by_split: dict[str, dict[str, str]] = {}
     seen_prompts: dict[tuple[str, str], str] = {}
     for n, r in enumerate(rows, start=1):
-        rid = r["id"] if r["id"] else f"line {n}"
-        if not r["id"]:
-            findings.append(Finding(rid, "id", "empty id", "give every row a unique id"))
-        elif ids[r["id"]] > 1:
-            findings.append(Finding(rid, "id", f"id used by {ids[r['id']]} rows", "make ids unique"))
-        prompt = r["prompt"] or ""
+        rid, prompt = _row_id(r, n), r["prompt"] or ""
         if not prompt.strip():
-            findings.append(Finding(rid, "prompt", "empty prompt", "write the question, or remove the row"))
-        elif r["chat"]:
-            try:
-                msgs = json.loads(prompt)
-                if not isinstance(msgs, list) or not all(
-                    isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-                    for m in msgs
-                ) or not msgs:
-                    raise ValueError
-            except ValueError:
-                findings.append(
-                    Finding(rid, "prompt", "chat prompt is not a list of {role, content} messages", "fix the messages")
-                )
-        if r["task"] not in verifiers:
-            findings.append(
-                Finding(rid, "task", f"unknown verifier {r['task']!r}", f"use one of: {', '.join(verifiers)}")
-            )
-        if r["split"] not in SPLITS:
-            findings.append(Finding(rid, "split", f"unknown split {r['split']!r}", f"use one of: {', '.join(SPLITS)}"))
-        has_gt = r["ground_truth"] is not None and str(r["ground_truth"]).strip() != ""
-        has_tests = r["tests"] is not None and str(r["tests"]).strip() != ""
-        if not has_gt and not has_tests:
-            findings.append(
-                Finding(rid, "ground_truth", "no ground truth and no tests", "add the reference answer (or tests for code)")
-            )
-        if prompt.strip():
-            key = _normalise_prompt(prompt)
-            where = (key, r["split"])
-            if where in seen_prompts:
-                findings.append(
-                    Finding(rid, "prompt", f"duplicate of row {seen_prompts[where]} in split {r['split']!r}",
-                            "remove one of the two rows")
-                )
-            else:
-                seen_prompts[where] = rid
-            prompts_by_split.setdefault(r["split"], {}).setdefault(key, rid)
+            continue
+        key = _normalise_prompt(prompt)
+        where = (key, r["split"])
+        if where in seen_prompts:
+            found.append(Finding(rid, "prompt", f"duplicate of row {seen_prompts[where]} in split {r['split']!r}",
+                                 "remove one of the two rows"))
+        else:
+            seen_prompts[where] = rid
+        prompts_by_split.setdefault(r["split"], {}).setdefault(key, rid)
     # Leakage: the same question in train and in a held-out split inflates held-out accuracy.
     train = prompts_by_split.get("train", {})
     for split in ("test", "validation"):
         for key, rid in prompts_by_split.get(split, {}).items():
             if key in train:
-                findings.append(
-                    Finding(rid, "split", f"leak: the same prompt is row {train[key]} in train",
-                            "keep each question in one split only")
-                )
-    return findings
+                found.append(Finding(rid, "split", f"leak: the same prompt is row {train[key]} in train",
+                                     "keep each question in one split only"))
+    return found
+
+
+# -- references: what the verifier will be given ----------------------------------------------
+
+
+def _reference(r: dict[str, Any]) -> tuple[str, str | None]:
+    """``(field, value)`` the verifier is given for this row — the same rule as ``tasks/rl.py``."""
+    if r["ground_truth"] is not None:
+        return "ground_truth", r["ground_truth"]
+    return "tests", r["tests"]
+
+
+def _blank(value: str | None) -> bool:
+    return value is None or not str(value).strip()
+
+
+class _ReferenceChecker:
+    """Runs each verifier's ``check_reference`` once per distinct (verifier, reference)."""
+
+    def __init__(self, options: dict[str, dict[str, Any]]):
+        self.options = options
+        self._memo: dict[tuple[str, str | None], str | None] = {}
+
+    def problem(self, task: str, reference: str | None) -> str | None:
+        key = (task, reference)
+        if key not in self._memo:
+            from rlpipe.rewards import get_verifier
+
+            try:
+                self._memo[key] = get_verifier(task).check_reference(reference, **self.options.get(task, {}))
+            except Exception as e:  # noqa: BLE001 - a bug in a reference check must name the row, not abort validation
+                self._memo[key] = f"the {task!r} verifier's reference check crashed ({type(e).__name__}: {e})"[:300]
+        return self._memo[key]
+
+    def accepts_none(self, task: str) -> bool:
+        """A verifier that checks references and accepts none at all (``json``: any JSON value)."""
+        from rlpipe.rewards.base import _no_check, get_verifier
+
+        return get_verifier(task).check_reference is not _no_check and self.problem(task, None) is None
+
+
+def _reference_findings(r: dict[str, Any], rid: str, checker: _ReferenceChecker, known: bool) -> list[Finding]:
+    """A missing reference, or one the row's verifier cannot use (unparseable answer, broken tests or rule)."""
+    field, ref = _reference(r)
+    if _blank(r["ground_truth"]) and _blank(r["tests"]):
+        if known and checker.accepts_none(r["task"]):
+            return []
+        return [Finding(rid, "ground_truth", "no ground truth and no tests", "add the reference answer (or tests for code)")]
+    if not known:
+        return []
+    problem = checker.problem(r["task"], ref)
+    if problem is None:
+        return []
+    return [Finding(rid, field, f"the {r['task']!r} verifier cannot use this {field}: {problem}",
+                    f"correct the row's {field} as described, or give the row the task whose verifier it was written for")]
+
+
+# -- a prompt that gives away its answer -----------------------------------------------------
+
+# Verifiers whose reference is *the answer* (for others — python_expr's target value, a format rule,
+# tests — the prompt legitimately contains the reference).
+ANSWER_VERIFIERS = ("math", "exact")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_BOXED = re.compile(r"^\\boxed\{(.*)\}$", re.S)
+_OPERATOR = re.compile(r"[\w)\]}]\s*(?:[-+*/^×÷·]|\\times|\\cdot|\\div)\s*[\w(\[{\\]")
+_MARKER = r"(?:####|\banswer\s*(?:is|:)|<answer>|\\boxed\{)"
+_END = r"(?![\w]|[.,]\d)"
+
+
+def _normalise_answer(text: str) -> str:
+    text = text.strip().strip("$").strip()
+    m = _BOXED.match(text)
+    return _THOUSANDS.sub("", (m.group(1) if m else text).strip())
+
+
+def _question_text(r: dict[str, Any]) -> str:
+    """The line the model is asked to complete: the last non-empty line of the (last user) prompt.
+
+    Earlier lines and messages hold instructions and few-shot examples, whose answers may well
+    equal this row's; only the question itself can give the answer away."""
+    prompt = r["prompt"] or ""
+    if r["chat"]:
+        msgs = _chat_messages(prompt) or []
+        users = [m["content"] for m in msgs if m["role"] == "user"]
+        prompt = users[-1] if users else ""
+    lines = [ln for ln in prompt.splitlines() if ln.strip()]
+    return _THOUSANDS.sub("", lines[-1]) if lines else ""
+
+
+def answer_leak(r: dict[str, Any]) -> str | None:
+    """The part of the prompt that states the row's own reference answer, or None.
+
+    The rule (no false alarm on ``12+34=`` → ``46``, nor on ``14+3=`` → ``4`` or ``8-4=`` → ``4``):
+    only rows of :data:`ANSWER_VERIFIERS`; only the question line (see :func:`_question_text`); the
+    normalised reference (no ``$``, ``\\boxed{}`` or thousands commas) must appear as a whole token —
+    not inside a longer number or word, nor as the start of a decimal — and either
+
+    - right after an ``=`` whose left side is a computation (operands joined by an operator:
+      ``12+34=46``; ``x = 4`` or ``Let a = 5`` defines an operand and is not a leak), or
+    - right after an answer marker (``####``, ``answer:``, ``answer is``, ``<answer>``,
+      ``\\boxed{``) and at the end of the line (``Answer: yes or no`` is an instruction).
+    """
+    if r["task"] not in ANSWER_VERIFIERS or _blank(r["ground_truth"]):
+        return None
+    ref = _normalise_answer(r["ground_truth"])
+    line = _question_text(r)
+    if not ref or ref not in line:
+        return None
+    token = re.escape(ref)
+    for m in re.finditer(rf"(?<![<>!=])=\s*(?:\$\s*|\\boxed\{{\s*)?{token}{_END}", line):
+        lhs = re.split(r"[=,;:?!\n]", line[: m.start()])[-1]
+        if _OPERATOR.search(lhs):
+            return line[m.start() - len(lhs) : m.end()].strip()[-80:]
+    m = re.search(rf"{_MARKER}\s*\$?\s*{token}{_END}(?=\s*(?:</answer>)?[\s.!}}$]*$)", line, re.I)
+    return line[m.start() : m.end()][-80:] if m else None
+
+
+def _leak_findings(r: dict[str, Any], rid: str) -> list[Finding]:
+    shown = answer_leak(r)
+    if shown is None:
+        return []
+    return [Finding(rid, "prompt", f"the prompt contains its own reference answer {r['ground_truth'].strip()!r} ({shown!r})",
+                    "remove the answer from the prompt (was the solution appended when the file was built?)")]
+
+
+def validate_prompts(table: pa.Table, verifiers: list[str] | None = None,
+                     options: dict[str, dict[str, Any]] | None = None) -> list[Finding]:
+    """Every problem in a prompt table, each naming its row. An empty list means the table is usable.
+
+    Besides the rows' shape, each reference is checked by its verifier (``check_reference``, with
+    that verifier's ``options``) so a reference that could only ever score ``error`` is fixed before
+    training, and prompts that state their own answer are flagged (:func:`answer_leak`).
+    """
+    from rlpipe.rewards import verifier_names
+
+    known = set(verifier_names())
+    verifiers = verifier_names() if verifiers is None else verifiers
+    missing = [name for name in PROMPT_SCHEMA.names if name not in table.column_names]
+    if missing:
+        return [Finding("*", ", ".join(missing), "required column(s) missing", f"add them; schema: {PROMPT_SCHEMA.names}")]
+    rows = table.to_pylist()
+    ids = Counter(r["id"] for r in rows)
+    checker = _ReferenceChecker(options or {})
+    findings: list[Finding] = []
+    for n, r in enumerate(rows, start=1):
+        rid = _row_id(r, n)
+        findings += _row_findings(r, rid, ids, verifiers)
+        findings += _reference_findings(r, rid, checker, r["task"] in verifiers and r["task"] in known)
+        findings += _leak_findings(r, rid)
+    return findings + _duplicate_findings(rows)
 
 
 def dataset_version(table: pa.Table) -> str:
