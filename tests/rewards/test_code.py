@@ -1,41 +1,302 @@
-"""The code verifiers run model code in the sandbox; these cases are the model's failures (reward 0,
-status ok) or the verifier's own (timeout/error), never an exception."""
+"""The code verifiers run model code in the (real) sandbox and judge its values outside it.
+
+What the program does wrong — including every attempt to forge a verdict — is reward 0 / ok; what
+goes wrong with the verification itself (broken reference, no sandbox, launcher died) is never ok.
+"""
 
 import json
+import time
 
 import pytest
 
+import rlpipe.sandbox
 from rlpipe.rewards import get_verifier
+from rlpipe.sandbox import SandboxResult
 
+code = get_verifier("code")
+FULL = "bwrap+seccomp+uid+rlimits+cgroup"
 ADD = json.dumps({"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(0, 0) == 0"]})
+# Tests no constant answer passes; various shapes of the trusted part (==, abs(...) <, not/!=, in, sorted, and).
+ADV = json.dumps({"tests": [
+    "assert add(1, 2) == 3",
+    "assert add(20, 22) == 42",
+    "assert abs(add(0.5, 0.25) - 0.75) < 1e-9",
+    "assert not add(5, 5) != 10",
+    "assert add(2, 3) in [5]",
+    "assert sorted(add([2], [1])) == [1, 2]",
+    "assert isinstance(add(3, 4), int) and add(3, 4) == 7",
+    "assert add('a', 'b') == 'ab'",
+]})
+FAST = {"compile_s": 1.0, "run_s": 1.0, "test_s": 0.5}
+
+EQ_ALL = """
+class Any:
+    def __eq__(self, o): return True
+    def __ne__(self, o): return False
+    def __lt__(self, o): return True
+    def __gt__(self, o): return True
+    def __bool__(self): return True
+    def __hash__(self): return 0
+    def __sub__(self, o): return 0
+    def __rsub__(self, o): return 0
+    def __abs__(self): return 0
+    def __iter__(self): return iter([1, 2])
+    def __contains__(self, x): return True
+"""
+ADVERSARIAL = {
+    "always-equal object": EQ_ALL + "def add(a, b): return Any()",
+    "always-equal object in a list": EQ_ALL + "def add(a, b): return [Any()]",
+    "int subclass with __eq__": "class I(int):\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+                                "    __hash__ = int.__hash__\n    __lt__ = lambda s, o: True\ndef add(a, b): return I(0)",
+    "str subclass with __eq__": "class S(str):\n    __eq__ = lambda s, o: True\n    __hash__ = str.__hash__\n"
+                                "def add(a, b): return S('x')",
+    "list subclass with __eq__": "class L(list):\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+                                 "def add(a, b): return L()",
+    "object with __class__ = int": EQ_ALL + "Any.__class__ = property(lambda s: int)\ndef add(a, b): return Any()",
+    "patched builtins": "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+                        "builtins.sorted = lambda *a, **k: [1, 2]\nbuiltins.AssertionError = type('E', (Exception,), {})\n"
+                        "builtins.type = lambda *a: int\nbuiltins.bool = lambda *a: True\ndef add(a, b): return 0",
+    "patched eval/compile": "import builtins\nbuiltins.eval = lambda *a, **k: 0\ndef add(a, b): return 0",
+    "names of safe builtins redefined": "def sorted(*a, **k): return [1, 2]\ndef abs(x): return 0\n"
+                                        "def isinstance(*a): return True\ndef add(a, b): return -1",
+    "assert machinery: settrace, __debug__": "import sys\nsys.settrace(lambda *a: None)\n"
+                                             "globals()['__debug__'] = False\ndef add(a, b): return None",
+    "raise SystemExit at import": "raise SystemExit(0)\ndef add(a, b): return a + b",
+    "sys.exit inside the function": "import sys\ndef add(a, b): sys.exit(0)",
+    "os._exit inside the function": "import os\ndef add(a, b): os._exit(0)",
+    "os._exit at import after a forged line": "import os\nprint('@@RLPIPE@@' + '0' * 32 + ' {\"k\": \"done\"}')\nos._exit(0)",
+    "forged old verdict, guessed nonce": "import sys\nfor n in ('', '0' * 32):\n"
+                                         "    print('\\n@@RLPIPE_VERDICT@@' + n + '{\"phase\": \"tests\", \"passed\": 8, \"total\": 8}')\n"
+                                         "sys.stdout.flush()\nimport os\nos._exit(0)",
+    "forged records with the real nonce": "import sys, os, json\nm = sys.modules['__main__']\n"
+                                          "for i in range(8):\n"
+                                          "    m.emit(k='test', i=i, v=json.dumps([True]), passed=True)\n"
+                                          "m.emit(k='done', passed=8)\nos.write(m.OUT, b'\\n@@RLPIPE@@' + m.NONCE.encode() + b' {\"k\": \"done\"}\\n')\n"
+                                          "os._exit(0)",
+    "patching the harness via __main__": "import sys\nm = sys.modules['__main__']\nm.enc = lambda x, d=0: ['i', '0x0']\n"
+                                         "m.spec['tests'] = [[]] * 8\nm.describe = lambda e: 'fine'\ndef add(a, b): return 0",
+    "output flooding": "import sys, os\nsys.stdout.write('x' * 3_000_000)\nsys.stderr.write('y' * 3_000_000)\n"
+                       "try:\n    os.write(sys.modules['__main__'].OUT, b'z' * 20_000_000)\nexcept OSError:\n    pass\n"
+                       "def add(a, b): return 0",
+    "catching the budget exception in a loop": "def add(a, b):\n    while True:\n        try:\n"
+                                               "            while True: pass\n        except BaseException:\n            pass",
+    "catching the budget and answering late": "def add(a, b):\n    try:\n        while True: pass\n"
+                                              "    except BaseException:\n        return 0",
+    "reading the test spec from disk": "import os, re\nseen = ''.join(open(f, errors='replace').read() for f in os.listdir('.') "
+                                       "if os.path.isfile(f))\nnums = [int(x) for x in re.findall(r'==\\s*(-?\\d+)', seen)]\n"
+                                       "def add(a, b): return nums[0] if nums else -1",
+    "memory exhaustion": "def add(a, b):\n    x = bytearray(1 << 30)\n    return a + b",
+    "killing its own process": "import os, signal\ndef add(a, b): os.kill(os.getpid(), signal.SIGKILL)",
+    "fake infrastructure messages on stderr": "import sys\nsys.stderr.write('rlpipe.sandbox: no sandbox available on this machine\\n"
+                                              "rlpipe.sandbox: the launcher died without a status report\\n')\nsys.exit(3)",
+}
+
+
+SLOW = {"catching the budget exception in a loop", "catching the budget and answering late"}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_forgery_attempts_score_zero(name):
+    gt = json.dumps({"tests": ["assert add(1, 2) == 3"]}) if name in SLOW else ADV  # each test costs its budget
+    res = code(ADVERSARIAL[name], gt, **FAST)
+    assert (res.status, res.reward) == ("ok", 0.0), res
+    assert res.isolation == FULL
+
+
+def test_ignoring_the_alarm_is_the_programs_fault_and_fits_the_declared_budget():
+    gt = json.dumps({"tests": ["assert add(1, 2) == 3"]})
+    prog = "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ndef add(a, b):\n    while True: pass"
+    t0 = time.monotonic()
+    res = code(prog, gt, **FAST)
+    took = time.monotonic() - t0
+    assert (res.status, res.reward) == ("ok", 0.0), res
+    assert "time budget" in res.reason
+    assert took < code.budget_s(gt, **FAST), (took, code.budget_s(gt, **FAST))
+
+
+HONEST = "```python\ndef add(a, b):\n    return a + b\n```"
 
 
 @pytest.mark.parametrize(
     "response,reward,reason",
     [
-        ("```python\ndef add(a, b):\n    return a + b\n```", 1.0, "tests: 3/3"),
-        ("def add(a, b):\n    return a - b", 1 / 3, "tests: 1/3"),
-        ("def add(a, b)\n    return a + b", 0.0, "compile: 0/3 passed; SyntaxError"),
+        (HONEST, 1.0, "3/3 passed"),
+        ("def add(a, b):\n    return a - b", 1 / 3, "1/3 passed; assert add(1, 2) == 3: assertion failed"),
+        ("def add(a, b)\n    return a + b", 0.0, "0/3 passed; SyntaxError"),
         ("def add(a, b):\n    while True: pass", 0.0, "ran past its time budget"),
-        ("while True: pass", 0.0, "run: 0/3 passed; program ran past its time budget"),
-        ("raise SystemExit(0)", 0.0, "run: 0/3 passed; SystemExit"),
-        ("import os\nos._exit(0)", 0.0, "ended before the harness could report"),
-        ("import os\nprint('\\n@@RLPIPE_VERDICT@@' + '{\"phase\": \"tests\", \"passed\": 3, \"total\": 3}')\nos._exit(0)",
-         0.0, "ended before the harness could report"),  # a forged verdict without the nonce
-        ("x = 'a' * (10**10)\ndef add(a, b): return a + b", 0.0, "MemoryError"),
+        ("while True: pass", 0.0, "0/3 passed; the program ran past its time budget"),
+        ("def add(a, b):\n    raise ValueError('nope')", 0.0, "ValueError: nope"),
+        ("def add(a, b):\n    return float(a + b)", 1.0, "3/3 passed"),  # 3.0 == 3, ordinary semantics
+        ("def add(a, b):\n    return (a + b, )", 0.0, "assertion failed"),
+        ("def add(a, b):\n    return iter([a + b])", 0.0, "not a plain value: list_iterator"),
         ("", 0.0, "empty program"),
     ],
 )
-def test_code_verdicts(response, reward, reason):
-    res = get_verifier("code")(response, ADD)
+def test_function_test_verdicts(response, reward, reason):
+    res = code(response, ADD, **FAST)
     assert res.status == "ok", res.reason
     assert res.reward == pytest.approx(reward) and reason in res.reason, res.reason
+    assert res.isolation == (None if not response else FULL)
 
 
-def test_code_spec_errors_are_the_datasets_fault():
-    assert get_verifier("code")("x = 1", "not json").status == "error"
-    assert get_verifier("code")("x = 1", json.dumps({"tests": []})).status == "error"
-    assert get_verifier("code")("def f(): return 1", json.dumps(["assert f() == 1"])).reward == 1.0
+def test_honest_program_passes_every_test_shape():
+    res = code("def add(a, b):\n    return a + b", ADV)
+    assert (res.status, res.reward) == ("ok", 1.0), res.reason
+
+
+def test_plain_values_round_trip_and_loops_are_unrolled_outside():
+    gt = json.dumps({"tests": [
+        "assert f(0) == {'a': [1, (2, 3)], 'b': {4, 5}, 'c': frozenset({6}), 'd': None}",
+        "assert f(1) == [True, -2**70, 1.5, 3+4j, b'\\x00x', 'é\\n']",
+        "assert math.isnan(f(2)) and f(3) == float('inf')",
+        "assert all(g(x) == 2 * x for x in range(5))",
+        "assert {k: g(k) for k in range(3)} == {0: 0, 1: 2, 2: 4}",
+        "assert sum(g(x) for x in range(4) if x % 2) == 8",
+        "assert sorted(f(4), key=lambda t: -t) == [3, 2, 1]",
+    ]})
+    prog = ("def f(i):\n    return [{'a': [1, (2, 3)], 'b': {4, 5}, 'c': frozenset({6}), 'd': None},\n"
+            "            [True, -2**70, 1.5, 3+4j, b'\\x00x', 'é\\n'], float('nan'), float('inf'), [1, 3, 2]][i]\n"
+            "def g(x): return 2 * x")
+    res = code(prog, gt)
+    assert (res.status, res.reward) == ("ok", 1.0), res.reason
+    # A program that special-cases nothing but cheats on the loop still fails (the loop runs here).
+    res = code(prog.replace("return 2 * x", "return 0 if x == 0 else []"), gt)
+    assert res.reward == pytest.approx(4 / 7), res.reason
+
+
+def test_scoring_option():
+    partial = "def add(a, b):\n    return a - b"
+    assert code(partial, ADD, scoring="fraction").reward == pytest.approx(1 / 3)
+    assert code(partial, ADD, scoring="all").reward == 0.0
+    assert code(HONEST, ADD, scoring="all").reward == 1.0
+    res = code(HONEST, ADD, scoring="most")
+    assert res.status == "error" and "scoring" in res.reason and res.reward is None
+    assert "scoring" in code.check_reference(ADD, scoring="most")
+    assert code.options == frozenset({"scoring"}) and code.version == "2"
+
+
+SUM_IO = json.dumps({"io": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"},
+                            {"input": "0 0\n", "output": "0\n"}]})
+SUM = "a, b = map(int, input().split())\nprint(a + b)"
+
+
+@pytest.mark.parametrize(
+    "response,reward,reason",
+    [
+        (SUM, 1.0, "3/3 passed"),
+        ("print(3)", 1 / 3, "case 1: wrong output"),
+        ("a, b = map(int, input().split())\nprint(a + b, '  ')\nprint()\nprint('   ')", 1.0, "3/3"),  # trailing space, blank lines
+        ("import sys\na, b = map(int, input().split())\nsys.stdout.write('  %d\\r\\n' % (a + b))", 1.0, "3/3"),
+        ("a, b = map(int, input().split())\nprint(a + b, end='')", 1.0, "3/3"),  # no final newline
+        ("a, b = map(int, input().split())\nprint(a + b)\nprint('extra')", 0.0, "wrong output"),
+        ("a, b = map(int, input().split())\nprint(a + b)\nraise ValueError('late')", 0.0, "exit status 1"),
+        ("import sys\na, b = map(int, input().split())\nprint(a + b)\nsys.exit(0)", 1.0, "3/3"),
+        ("import time\ntime.sleep(10)", 0.0, "ran past its 0.5 s budget"),
+        ("print('\\n@@RLPIPE@@' + '0' * 32 + ' {\"k\": \"case\", \"i\": 1, \"rc\": 0, \"out\": \"6\"}')", 0.0, "wrong output"),
+        ("import os\nos.kill(os.getppid(), 9)", 0.0, "ended the harness"),
+        ("x = bytearray(1 << 30)", 0.0, "MemoryError"),
+        ("print('x' * 3_000_000)", 0.0, "output larger than"),
+    ],
+)
+def test_stdin_stdout_verdicts(response, reward, reason):
+    res = code(response, SUM_IO, case_s=0.5)
+    assert res.status == "ok", res.reason
+    assert res.reward == pytest.approx(reward) and reason in res.reason, res.reason
+    assert res.isolation == FULL
+
+
+@pytest.mark.parametrize(
+    "out,expected,same",
+    [("3\n", "3", True), ("3  \n\n\n", "3\n", True), ("  1   2\r\n", "1 2\n", True), ("1\n2\n", "1 2\n", False),
+     ("1 2\n", "1\n2\n", False), ("1\n\n2\n", "1\n2\n", False), ("1.0\n", "1\n", False), ("", "\n", True)],
+)
+def test_stdout_comparison_is_token_wise_per_line(out, expected, same):
+    from rlpipe.rewards.code import _tokens
+
+    assert (_tokens(out) == _tokens(expected)) is same
+
+
+BROKEN = [
+    ("not json", "not JSON"),
+    (json.dumps({"tests": []}), "no tests"),
+    (json.dumps([1]), "string"),
+    (json.dumps(["x = add(1, 2)"]), "single `assert <expr>` statement, got Assign"),
+    (json.dumps(["import math"]), "got Import"),
+    (json.dumps(["assert add(1, 2) =="]), "does not parse"),
+    (json.dumps(["assert 1 == 1"]), "does not use any of the program's names"),
+    (json.dumps(["assert check(add(1, 2) - 3)"]), "combines the program's value with test data"),
+    (json.dumps(["assert all(x == 1 for x in add(1, 2) if add(x, 1))"]), "calls the program inside the loop"),
+    (json.dumps({"io": []}), "non-empty list"),
+    (json.dumps({"io": [{"input": "1"}]}), "io case 0"),
+]
+
+
+@pytest.mark.parametrize("gt,why", BROKEN)
+def test_broken_references_are_errors_naming_the_problem(gt, why):
+    res = code(HONEST, gt)
+    assert (res.status, res.reward, res.isolation) == ("error", None, None), res
+    assert why in res.reason, res.reason
+    assert why in code.check_reference(gt)
+
+
+def test_check_reference_accepts_good_references():
+    for gt in (ADD, ADV, SUM_IO, json.dumps(["assert add(1, 2) == 3"])):
+        assert code.check_reference(gt) is None
+
+
+def _fake(result):
+    def run_python(code_, stdin="", limits=None, files=None, argv=None):
+        return result(stdin.strip()) if callable(result) else result
+    return run_python
+
+
+NO_SANDBOX = SandboxResult("error", None, "", "rlpipe.sandbox: no sandbox available on this machine "
+                           "(see rlpipe.sandbox.isolation_report())", 0.0, 0.0, "none")
+SETUP_FAILED = SandboxResult("error", None, "", "rlpipe.sandbox: sandbox setup failed: bubblewrap failed to set up "
+                             "the sandbox", 0.1, 0.0, FULL)
+LAUNCHER_DIED = SandboxResult("killed", None, "", "some output\nrlpipe.sandbox: the launcher died without a status "
+                              "report", 0.3, 0.1, FULL)
+NEVER_STARTED = SandboxResult("error", 1, "", "python3: can't open file '/work/main.py'", 0.1, 0.0, FULL)
+
+
+def _wall_clock_early(nonce):  # the harness started just now, then the sandbox's wall clock hit
+    out = f"\n@@RLPIPE@@{nonce} " + json.dumps({"k": "start", "t": time.monotonic()}) + "\n"
+    return SandboxResult("timeout", -9, out, "rlpipe.sandbox: wall-clock limit of 9 s exceeded", 9.0, 0.1, FULL)
+
+
+@pytest.mark.parametrize(
+    "fake,status,why,isolation",
+    [
+        (NO_SANDBOX, "error", "no sandbox available", None),
+        (SETUP_FAILED, "error", "sandbox setup failed", None),
+        (LAUNCHER_DIED, "error", "launcher died", FULL),
+        (NEVER_STARTED, "error", "harness never started", FULL),
+        (_wall_clock_early, "timeout", "wall clock ran out", FULL),
+    ],
+)
+@pytest.mark.parametrize("gt", [ADD, SUM_IO])
+def test_failures_of_the_sandbox_are_never_ok(monkeypatch, fake, status, why, isolation, gt):
+    monkeypatch.setattr(rlpipe.sandbox, "run_python", _fake(fake))
+    res = code(HONEST, gt)
+    assert (res.status, res.reward, res.isolation) == (status, None, isolation), res
+    assert why in res.reason
+    res = get_verifier("python_expr")("40+6", "46")
+    assert (res.status, res.reward) == (status, None) and why in res.reason, res
+
+
+def test_strict_mode_without_full_isolation_is_an_error(monkeypatch):
+    monkeypatch.setenv("RLPIPE_SANDBOX_STRICT", "1")
+    monkeypatch.setenv("RLPIPE_SANDBOX_DISABLE", "cgroup")
+    res = code(HONEST, ADD)
+    assert (res.status, res.reward, res.isolation) == ("error", None, None), res
+    assert "sandbox unavailable" in res.reason
+
+
+def test_declared_budget_grows_with_the_tests():
+    small, big = json.dumps(["assert add(1, 2) == 3"]), json.dumps(["assert add(1, 2) == 3"] * 20)
+    assert code.budget_s(big) > code.budget_s(small) + 20 * 2.0
+    assert code.budget_s(SUM_IO) >= 3 * 2.0
+    assert code.budget_s("not json") > 0
 
 
 @pytest.mark.parametrize(
@@ -46,3 +307,9 @@ def test_code_spec_errors_are_the_datasets_fault():
 def test_python_expr_verdicts(expr, expected, reward):
     res = get_verifier("python_expr")(expr, expected)
     assert (res.status, res.reward) == ("ok", reward), res.reason
+
+
+def test_python_expr_reference():
+    pe = get_verifier("python_expr")
+    assert pe("1", None).status == "error" and pe.check_reference("") and pe.check_reference("46") is None
+    assert pe.version == "2"

@@ -392,12 +392,14 @@ class _Unroll(ast.NodeTransformer):
     def _comp(self, node: Any) -> ast.AST:
         self.generic_visit(node)
         body = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        if not any(_program_names(b, self.local) for b in body):
+        ifs = [c for g in node.generators for c in g.ifs]
+        if not any(_program_names(b, self.local) for b in body + ifs):
             return node
-        for g in node.generators:
-            if _program_names(g.iter, self.local) or any(_program_names(c, self.local) for c in g.ifs):
-                raise _RefError(f"`{ast.unparse(node)[:80]}` loops over (or filters on) the program's results "
-                                "and calls the program inside the loop; write one assert per case")
+        if any(_program_names(g.iter, self.local) for g in node.generators):
+            raise _RefError(f"`{ast.unparse(node)[:80]}` loops over the program's results and calls the program "
+                            "inside the loop; write one assert per case")
+        if any(_program_names(c, self.local) for c in ifs):
+            raise _RefError(f"`{ast.unparse(node)[:80]}` filters its loop with the program; write one assert per case")
         targets = sorted({t.id for g in node.generators for t in ast.walk(g.target) if isinstance(t, ast.Name)})
         probe = ast.ListComp(ast.Tuple([ast.Name(t, ast.Load()) for t in targets], ast.Load()), node.generators)
         try:
