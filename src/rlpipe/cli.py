@@ -101,10 +101,20 @@ def data_build(
 def data_validate(
     file: Path,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON lines.")] = False,
+    plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra verifiers the rows name (repeatable).")] = None,
 ) -> None:
-    """Check a prompt file (JSONL/Parquet): every finding names its row. Exit 1 if any."""
+    """Check a prompt file (JSONL/Parquet): shape, splits, each reference by its verifier, answers given
+    away in the prompt. Every finding names its row and the fix. Exit 1 if any."""
+    import importlib
+
     from rlpipe.data import PromptFileError, dataset_version, load_prompts, validate_prompts
 
+    for module in plugin or ():
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            typer.echo(f"--plugin {module}: cannot import it ({e}); give an importable module name", err=True)
+            raise typer.Exit(2) from None
     try:
         table = load_prompts(file)
     except PromptFileError as e:
@@ -238,15 +248,22 @@ def serve_verifier(
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     workers: Annotated[int, typer.Option(help="Verifier worker processes (bounded concurrency).")] = 2,
-    timeout: Annotated[float, typer.Option(help="Hard per-sample timeout in seconds.")] = 5.0,
+    grace: Annotated[float, typer.Option(help="Seconds past each verifier's declared budget before a sample is killed (status timeout).")] = 5.0,
+    request_timeout: Annotated[float, typer.Option(help="Least time a request without timeout_s is given; more when its batch's declared budgets need it.")] = 60.0,
     max_queue: Annotated[int, typer.Option(help="Requests that may wait; more are refused with 429.")] = 32,
     plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra verifiers (repeatable).")] = None,
+    timeout: Annotated[Optional[float], typer.Option(hidden=True)] = None,
 ) -> None:
     """HTTP verifier service: /health, batch /verify, /metrics. Point runs at it with RLPIPE_VERIFIER_URL."""
+    if timeout is not None:
+        typer.echo("serve verifier: --timeout was removed: each sample's deadline is its verifier's declared "
+                   "budget plus --grace; use --grace SECONDS", err=True)
+        raise typer.Exit(2)
     from rlpipe.services.verifier import serve
 
-    typer.echo(f"verifier service on http://{host}:{port} ({workers} workers, queue {max_queue})", err=True)
-    serve(host=host, port=port, workers=workers, sample_timeout_s=timeout, max_queue=max_queue, plugins=tuple(plugin or ()))
+    typer.echo(f"verifier service on http://{host}:{port} ({workers} workers, grace {grace:g} s, queue {max_queue})", err=True)
+    serve(host=host, port=port, workers=workers, grace_s=grace, max_queue=max_queue,
+          request_timeout_s=request_timeout, plugins=tuple(plugin or ()))
 
 
 def main() -> None:

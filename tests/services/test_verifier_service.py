@@ -48,7 +48,7 @@ def stop(proc):
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    proc, url = start(tmp_path_factory.mktemp("svc"), "--workers", "2", "--timeout", "1", "--max-queue", "8")
+    proc, url = start(tmp_path_factory.mktemp("svc"), "--workers", "2", "--grace", "1", "--max-queue", "8")
     yield url
     stop(proc)
 
@@ -63,6 +63,7 @@ def test_health_verify_and_metrics(service):
     r = httpx.post(f"{service}/verify", json={"items": items}, timeout=30)
     got = [(x["status"], x["reward"]) for x in r.json()["results"]]
     assert got == [("ok", 1.0), ("ok", 0.0), ("timeout", None), ("error", None)]
+    assert all("isolation" in x for x in r.json()["results"])
     assert httpx.post(f"{service}/verify", json={"itemz": []}).status_code == 422  # bad input is named, not scored
     m = httpx.get(f"{service}/metrics").json()
     assert m["requests"] >= 1 and m["items"] >= 4 and m["latency_p50_s"] > 0 and m["worker_restarts"] >= 1
@@ -74,7 +75,7 @@ def test_client_scores_through_the_service(service):
 
 
 def test_full_queue_answers_429_not_collapse(tmp_path):
-    proc, url = start(tmp_path, "--workers", "1", "--timeout", "5", "--max-queue", "1")
+    proc, url = start(tmp_path, "--workers", "1", "--grace", "5", "--max-queue", "1")
     try:
         slow = {"items": [{"verifier": "test_sleepy", "response": "sleep 1.5", "ground_truth": None}]}
         codes: list[int] = []
@@ -102,3 +103,77 @@ def test_client_when_the_service_is_down_skips_and_says_why():
     res = client.score([VerifyItem("math", "1", "1")] * 3)
     assert [r.status for r in res] == ["skipped"] * 3 and all(r.reward is None for r in res)
     assert "unreachable" in client.last_problem and not client.healthy()
+
+
+def test_a_request_that_times_out_does_not_stop_the_service(tmp_path):
+    proc, url = start(tmp_path, "--workers", "1", "--grace", "2", "--max-queue", "4")
+    try:
+        sleepy = {"items": [{"verifier": "test_sleepy", "response": "sleep 30", "ground_truth": None}], "timeout_s": 1}
+        answers: list[dict] = []
+
+        def hit():
+            answers.append(httpx.post(f"{url}/verify", json=sleepy, timeout=30).json())
+
+        # One batch times out while the pool works on it, one while it still waits in the queue.
+        threads = [threading.Thread(target=hit) for _ in range(2)]
+        for t in threads:
+            t.start()
+            time.sleep(0.2)
+        for t in threads:
+            t.join(30)
+        for a in answers:
+            [res] = a["results"]
+            assert res["status"] == "timeout" and res["reward"] is None
+            assert "no answer within 1 s" in res["reason"] and "raise timeout_s" in res["reason"], res["reason"]
+        # The next request gets its verdict (after the pool kills the sleeper: budget 0.5 s + grace 2 s).
+        ok = {"items": [{"verifier": "math", "response": "\\boxed{46}", "ground_truth": "46"},
+                        {"verifier": "exact", "response": "45", "ground_truth": "46"}]}
+        r = httpx.post(f"{url}/verify", json=ok, timeout=30).json()
+        assert [(x["status"], x["reward"]) for x in r["results"]] == [("ok", 1.0), ("ok", 0.0)]
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+        m = httpx.get(f"{url}/metrics").json()
+        assert m["timeouts"] == 2 and m["dispatch_errors"] == 0 and m["abandoned"] >= 1, m
+        # Without timeout_s a request is given what its batch declares: the sleeper is judged by the pool.
+        r = httpx.post(f"{url}/verify", json={"items": sleepy["items"]}, timeout=30).json()
+        assert r["results"][0]["status"] == "timeout" and "budget + grace" in r["results"][0]["reason"]
+    finally:
+        stop(proc)
+
+
+def test_removed_timeout_option_says_what_replaces_it():
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "verifier", "--timeout", "5"])
+    assert res.exit_code == 2 and "--grace" in res.output
+
+
+def test_client_passes_isolation_through_and_checks_the_count(monkeypatch):
+    results = [{"reward": 1.0, "status": "ok", "reason": "", "isolation": "namespaces+seccomp"},
+               {"reward": 0.0, "status": "ok", "reason": "wrong"}]
+
+    def post(url, json, timeout):
+        return httpx.Response(200, json={"results": results[: len(json["items"])]})
+
+    monkeypatch.setattr(httpx, "post", post)
+    client = RemoteVerifier("http://verifier.invalid")
+    res = client.score([VerifyItem("code", "x", "[]"), VerifyItem("math", "1", "2")])
+    assert [(r.reward, r.isolation) for r in res] == [(1.0, "namespaces+seccomp"), (0.0, None)]
+    results.pop()
+    res = client.score([VerifyItem("code", "x", "[]"), VerifyItem("math", "1", "2")])
+    assert [r.status for r in res] == ["skipped", "skipped"] and "1 verdicts for 2 items" in client.last_problem
+
+
+def test_client_health_check_is_short_and_says_why(monkeypatch):
+    client = RemoteVerifier(f"http://127.0.0.1:{free_port()}")
+    start_t = time.monotonic()
+    assert not client.healthy() and "unreachable" in client.health_problem
+    assert time.monotonic() - start_t < 3
+
+    def slow_get(url, timeout):
+        assert timeout <= 2  # every iteration calls it: it must not hold the loop up
+        raise httpx.ReadTimeout("slow")
+
+    monkeypatch.setattr(httpx, "get", slow_get)
+    assert not client.healthy() and "no answer within 2 s" in client.health_problem

@@ -8,6 +8,7 @@ update and counted, never scored 0 — and the reason says what happened.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifyItem
@@ -21,18 +22,27 @@ class RemoteVerifier:
         self.batch = batch
         self.restarts = 0
         self.last_problem: str | None = None
+        self.health_problem: str | None = None
 
     @property
     def size(self) -> int:
         return 0
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        """One short ``GET /health``: cheap enough to call every iteration; never raises.
+
+        When it answers False, :attr:`health_problem` says why (unreachable, slow, degraded)."""
         import httpx
 
         try:
-            return httpx.get(f"{self.url}/health", timeout=5).json().get("status") == "ok"
-        except (httpx.HTTPError, ValueError):
-            return False
+            r = httpx.get(f"{self.url}/health", timeout=timeout_s)
+            status = r.json().get("status") if r.status_code == 200 else f"HTTP {r.status_code}"
+        except httpx.TimeoutException:
+            status = f"no answer within {timeout_s:g} s"
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            status = f"unreachable ({type(e).__name__})"
+        self.health_problem = None if status == "ok" else f"verifier service {self.url}/health: {status}"
+        return status == "ok"
 
     def _post(self, items: list[VerifyItem]) -> list[VerifyResult]:
         import httpx
@@ -52,13 +62,26 @@ class RemoteVerifier:
                     return [VerifyResult(None, "skipped", self.last_problem)] * len(items)
             else:
                 if r.status_code == 200:
-                    return [VerifyResult(x["reward"], x["status"], x.get("reason") or "") for x in r.json()["results"]]
+                    return self._results(r, len(items))
                 self.last_problem = f"verifier service {self.url} answered {r.status_code}: {r.text[:120]}"
                 if r.status_code != 429 and r.status_code < 500 or attempt == self.retries:
                     return [VerifyResult(None, "skipped", self.last_problem)] * len(items)
             time.sleep(delay)
             delay *= 2
         return [VerifyResult(None, "skipped", self.last_problem or "no answer")] * len(items)
+
+    def _results(self, r: Any, n: int) -> list[VerifyResult]:
+        """The service's verdicts, ``isolation`` (the sandbox level the verdict came from) included."""
+        try:
+            got = [VerifyResult(x["reward"], x["status"], x.get("reason") or "", x.get("isolation"))
+                   for x in r.json()["results"]]
+        except (ValueError, KeyError, TypeError) as e:
+            got = []
+            self.last_problem = f"verifier service {self.url}/verify sent an unreadable answer ({type(e).__name__}: {e})"
+        if len(got) != n:
+            self.last_problem = self.last_problem or f"verifier service {self.url}/verify answered {len(got)} verdicts for {n} items"
+            return [VerifyResult(None, "skipped", self.last_problem)] * n
+        return got
 
     def score(self, items: list[VerifyItem]) -> list[VerifyResult]:
         self.last_problem = None

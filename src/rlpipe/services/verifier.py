@@ -3,29 +3,44 @@
 Endpoints:
   GET  /health   → {"status": "ok"|"degraded", "workers", "alive", "queue", "max_queue"}
   POST /verify   {"items": [{"verifier", "response", "ground_truth"}], "timeout_s"?} → {"results": [...]}
-  GET  /metrics  → requests, rejected (429), errors, items, latency p50/p99 (s), queue length
+                 each result: {"reward", "status", "reason", "isolation"}
+  GET  /metrics  → requests, rejected (429), errors, timeouts, abandoned, dispatch_errors, items,
+                   latency p50/p99 (s), queue length, worker restarts
 
-Bounded everything: the pool has a fixed number of worker processes (each sample has a hard
-timeout there); requests wait in a bounded queue and are refused with 429 when it is full
-(backpressure, not collapse); a request that is not answered within its timeout gets status
-``timeout`` for each of its items. fastapi/uvicorn are imported only when the app is built.
+Bounded everything: the pool has a fixed number of worker processes (each sample's hard deadline
+is its verifier's declared budget plus ``grace_s``); requests wait in a bounded queue and are
+refused with 429 when it is full (backpressure, not collapse).
+
+Time: a request without ``timeout_s`` waits as long as the declared budgets of its own items and
+of the requests queued before it can take (at least ``request_timeout_s``), so the service never
+gives up on a verdict the verifiers would have given. A request whose ``timeout_s`` runs out gets
+status ``timeout`` for each item, with a reason giving the time its batch declared; the batch is
+then abandoned (the pool stops after the chunk it is on) and the dispatcher goes on with the next
+request — a slow or abandoned request never stops the service. fastapi/uvicorn are imported only
+when the app is built.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 
 MAX_ITEMS = 4096
+CHUNK_PER_WORKER = 16  # items per worker scored between two checks for an abandoned request
+_SLACK_S = 1.0  # worker replacement and transport on top of the declared budgets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,9 +49,16 @@ class _Stats:
     rejected: int = 0
     errors: int = 0
     timeouts: int = 0
+    abandoned: int = 0
+    dispatch_errors: int = 0
     items: int = 0
     latencies: deque = field(default_factory=lambda: deque(maxlen=2048))
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
 
     def percentile(self, q: float) -> float | None:
         with self.lock:
@@ -46,36 +68,94 @@ class _Stats:
         return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+@dataclass
+class Job:
+    """One request's batch: the future its handler waits on, and a flag set when the handler gives up."""
+
+    items: list[VerifyItem]
+    budget_s: float  # the longest the batch may legitimately take, from its verifiers' declared budgets
+    waits_s: float  # budget_s plus that of the requests queued before it
+    future: Future = field(default_factory=Future)
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+    def abandon(self) -> None:
+        self.abandoned.set()
+        self.future.cancel()  # succeeds only while it still waits in the queue
+
+
 class VerifierService:
     """A pool, a bounded request queue and one dispatcher thread feeding the pool."""
 
-    def __init__(self, workers: int = 2, sample_timeout_s: float = 5.0, max_queue: int = 64,
-                 request_timeout_s: float = 60.0, plugins: tuple[str, ...] = ()):
-        self.pool = VerifierPool(workers=workers, timeout_s=sample_timeout_s, plugins=plugins)
+    def __init__(self, workers: int = 2, grace_s: float = 5.0, max_queue: int = 64,
+                 request_timeout_s: float = 60.0, plugins: tuple[str, ...] = (),
+                 options: dict[str, dict[str, Any]] | None = None):
+        self.pool = VerifierPool(workers=workers, grace_s=grace_s, plugins=plugins, options=options)
         self.max_queue = max_queue
         self.request_timeout_s = request_timeout_s
-        self._queue: queue.Queue[tuple[list[VerifyItem], Future] | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._backlog_s = 0.0  # declared budgets of the batches queued or being scored
+        self._backlog_lock = threading.Lock()
         self.stats = _Stats()
         self._thread = threading.Thread(target=self._dispatch, name="verifier-dispatch", daemon=True)
         self._thread.start()
+
+    # -- the dispatcher: one thread, never ended by a request --------------------------------
 
     def _dispatch(self) -> None:
         while True:
             job = self._queue.get()
             if job is None:
                 return
-            items, fut = job
-            if fut.cancelled():
-                continue
             try:
-                fut.set_result(self.pool.score(items))
-            except Exception as e:  # noqa: BLE001 - reported to the waiting request
-                fut.set_exception(e)
+                self._run(job)
+            except Exception as e:  # noqa: BLE001 - this thread must outlive every request
+                self.stats.add(dispatch_errors=1)
+                log.exception("verifier dispatcher: a batch of %d item(s) failed", len(job.items))
+                _settle(job.future, exception=e)
+            finally:
+                with self._backlog_lock:
+                    self._backlog_s -= job.budget_s
 
-    def submit(self, items: list[VerifyItem]) -> Future:
-        fut: Future = Future()
-        self._queue.put_nowait((items, fut))  # raises queue.Full: the caller answers 429
-        return fut
+    def _run(self, job: Job) -> None:
+        if not job.future.set_running_or_notify_cancel():  # its handler gave up while it was queued
+            self.stats.add(abandoned=1)
+            return
+        results = self._score(job)
+        _settle(job.future, result=results)
+
+    def _chunks(self, items: list[VerifyItem]) -> list[list[VerifyItem]]:
+        step = self.pool.size * CHUNK_PER_WORKER
+        return [items[i : i + step] for i in range(0, len(items), step)]
+
+    def _score(self, job: Job) -> list[VerifyResult] | None:
+        out: list[VerifyResult] = []
+        for chunk in self._chunks(job.items):
+            if job.abandoned.is_set():  # nobody will read the rest: free the pool for the next request
+                self.stats.add(abandoned=1)
+                return None
+            out += self.pool.score(chunk)
+        return out
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def budget_s(self, items: list[VerifyItem]) -> float:
+        """Longest the pool may take on ``items`` by their verifiers' declared budgets (+ grace).
+
+        Per chunk, greedy assignment to ``size`` workers finishes within sum/size + the longest item."""
+        total = 0.0
+        for chunk in self._chunks(items):
+            deadlines = [self.pool.deadline_s(i) for i in chunk]
+            total += sum(deadlines) / self.pool.size + max(deadlines)
+        return total + _SLACK_S
+
+    def submit(self, items: list[VerifyItem]) -> Job:
+        """Queue a batch; raises ``queue.Full`` (the caller answers 429)."""
+        budget = self.budget_s(items) if items else 0.0
+        with self._backlog_lock:
+            job = Job(items, budget, waits_s=self._backlog_s + budget)
+            self._queue.put_nowait(job)
+            self._backlog_s += budget
+        return job
 
     def health(self) -> dict[str, Any]:
         alive = self.pool.healthy() and self._thread.is_alive()
@@ -85,7 +165,8 @@ class VerifierService:
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
-                "items": s.items, "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99),
+                "abandoned": s.abandoned, "dispatch_errors": s.dispatch_errors, "items": s.items,
+                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99),
                 "error_rate": s.errors / max(s.requests, 1), "queue": self._queue.qsize(),
                 "worker_restarts": self.pool.restarts}
 
@@ -97,6 +178,17 @@ class VerifierService:
         self.pool.close()
 
 
+def _settle(fut: Future, result: Any = None, exception: BaseException | None = None) -> None:
+    """Hand a batch's outcome to its request, unless that request already gave up on it."""
+    try:
+        if exception is not None:
+            fut.set_exception(exception)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:  # cancelled or already settled: nobody waits for it
+        pass
+
+
 class Item(BaseModel):
     verifier: str = Field(description="Registered verifier name (math, exact, format, json, code, …).")
     response: str = Field(description="The model's full output.")
@@ -105,7 +197,28 @@ class Item(BaseModel):
 
 class VerifyRequest(BaseModel):
     items: list[Item] = Field(max_length=MAX_ITEMS)
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="Answer within this many seconds.")
+    timeout_s: float | None = Field(
+        None, gt=0, le=3600,
+        description="Answer within this many seconds; default: what the declared budgets of this batch and "
+                    "the queue ahead of it need (at least the service's request timeout).")
+
+
+def _as_dict(r: VerifyResult) -> dict[str, Any]:
+    return {"reward": r.reward, "status": r.status, "reason": r.reason, "isolation": r.isolation}
+
+
+def _answer(service: VerifierService, job: Job, timeout_s: float | None) -> list[dict[str, Any]]:
+    """Wait for the batch; per-item ``timeout`` (with the declared time in the reason) when it runs out."""
+    wait = timeout_s if timeout_s is not None else max(service.request_timeout_s, job.waits_s)
+    try:
+        return [_as_dict(r) for r in job.future.result(timeout=wait)]
+    except TimeoutError:
+        job.abandon()
+        service.stats.add(timeouts=1)
+        reason = (f"verifier service gave no answer within {wait:g} s; this batch declares up to "
+                  f"{job.budget_s:.1f} s on {service.pool.size} workers and had {job.waits_s - job.budget_s:.1f} s "
+                  f"of queued work before it: raise timeout_s or send smaller batches")
+        return [{"reward": None, "status": "timeout", "reason": reason, "isolation": None}] * len(job.items)
 
 
 def create_app(service: VerifierService):
@@ -124,43 +237,33 @@ def create_app(service: VerifierService):
     @app.post("/verify")
     def verify(req: VerifyRequest) -> dict[str, Any]:
         start = time.perf_counter()
-        st = service.stats
-        with st.lock:
-            st.requests += 1
-            st.items += len(req.items)
+        service.stats.add(requests=1, items=len(req.items))
         items = [VerifyItem(i.verifier, i.response, i.ground_truth) for i in req.items]
         try:
-            fut = service.submit(items)
+            job = service.submit(items)
         except queue.Full:
-            with st.lock:
-                st.rejected += 1
+            service.stats.add(rejected=1)
             raise HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
                                 headers={"Retry-After": "1"}) from None
-        timeout = req.timeout_s or service.request_timeout_s
         try:
-            results = fut.result(timeout=timeout)
-            out = [{"reward": r.reward, "status": r.status, "reason": r.reason} for r in results]
-        except TimeoutError:
-            fut.cancel()
-            with st.lock:
-                st.timeouts += 1
-            out = [{"reward": None, "status": "timeout", "reason": f"service did not answer within {timeout:g} s"}] * len(items)
-        except Exception as e:  # noqa: BLE001
-            with st.lock:
-                st.errors += 1
+            out = _answer(service, job, req.timeout_s)
+        except Exception as e:  # noqa: BLE001 - the pool failed on this batch; the service goes on
+            service.stats.add(errors=1)
             raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
-        with st.lock:
-            st.latencies.append(time.perf_counter() - start)
+        with service.stats.lock:
+            service.stats.latencies.append(time.perf_counter() - start)
         return {"results": out}
 
     return app
 
 
-def serve(host: str = "127.0.0.1", port: int = 8765, workers: int = 2, sample_timeout_s: float = 5.0,
-          max_queue: int = 64, plugins: tuple[str, ...] = ()) -> None:
+def serve(host: str = "127.0.0.1", port: int = 8765, workers: int = 2, grace_s: float = 5.0,
+          max_queue: int = 64, request_timeout_s: float = 60.0, plugins: tuple[str, ...] = (),
+          options: dict[str, dict[str, Any]] | None = None) -> None:
     import uvicorn
 
-    service = VerifierService(workers=workers, sample_timeout_s=sample_timeout_s, max_queue=max_queue, plugins=plugins)
+    service = VerifierService(workers=workers, grace_s=grace_s, max_queue=max_queue,
+                              request_timeout_s=request_timeout_s, plugins=plugins, options=options)
     try:
         # Request handlers are sync, so uvicorn runs them in its thread pool; the pool's size and the
         # bounded queue are what limit the work in flight.
