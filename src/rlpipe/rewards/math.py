@@ -1,54 +1,260 @@
-"""Math answers: ``math`` (math-verify: equivalent forms, LaTeX, fractions) and ``exact`` (string match).
+"""Math answers: ``math`` (math-verify: equivalent forms, LaTeX, fractions, sets) and ``exact`` (string match).
 
-math-verify's own timeout uses ``signal.alarm``, which only works on the main thread; callers
-that score off the main thread must run this in a killable worker process with a hard timeout.
+math-verify's own timeouts use ``signal.alarm``, which only works on a process's main thread;
+the verifier pool runs each sample on a worker's main thread, so they work there. Off the main
+thread math-verify raises, and this verifier reports ``error`` rather than a silent 0.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rlpipe.rewards.base import VerifyResult, register_verifier
 
-_BOXED = re.compile(r"\\boxed\{")
+# math-verify's alarms take whole seconds. The verifier makes at most three parses (reference,
+# answer, answer's boxes joined) and two comparisons (plain, percent read as a label).
+PARSE_TIMEOUT_S = 2
+VERIFY_TIMEOUT_S = 3
+MATH_BUDGET_S = 3 * PARSE_TIMEOUT_S + 2 * VERIFY_TIMEOUT_S + 1.0
+FLOAT_ROUNDING = 10  # decimals agree when equal after rounding to 10 places
+NUMERIC_PRECISION = 15
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_DELIMS = re.compile(r"\$|\\\[|\\\(|\\boxed|\\fbox")
+# 1\,234  1{,}234  1\ 234  1~234  "1 234": a digit group separator inside a number, not a product.
+_DIGIT_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\,|\{,\}|\\ |~|\\;|\\!| )\d{3})+(?![\d])")
+_GROUP_SEP = re.compile(r"\\,|\{,\}|\\ |~|\\;|\\!| ")
 
 
-def final_answer(response: str) -> str:
-    """The part of a response that counts: the last ``\\boxed{…}`` if any, else the text before the first end marker."""
-    starts = [m.end() for m in _BOXED.finditer(response)]
-    if starts:
-        i, depth = starts[-1], 1
+class _BadReference(ValueError):
+    """The row's ground truth cannot be judged against: the fault is the dataset's, not the model's."""
+
+
+def boxed_contents(response: str) -> list[str]:
+    """Every top-level ``\\boxed{…}`` / ``\\fbox{…}`` content in order (an unclosed last box runs to the end)."""
+    out, pos = [], 0
+    while (m := _BOXED.search(response, pos)) is not None:
+        i, depth = m.end(), 1
         for j in range(i, len(response)):
             depth += {"{": 1, "}": -1}.get(response[j], 0)
             if depth == 0:
-                return response[i:j].strip()
-        return response[i:].strip()
-    return response.strip()
+                out.append(response[i:j].strip())
+                pos = j + 1
+                break
+        else:
+            out.append(response[i:].strip())
+            break
+    return out
+
+
+def final_answer(response: str) -> str:
+    """The part of a response that counts for ``exact``: the last box if any, else the whole stripped text."""
+    boxes = boxed_contents(response)
+    return boxes[-1] if boxes else response.strip()
 
 
 @register_verifier("exact", version="1")
 def exact(response: str, ground_truth: str | None) -> VerifyResult:
-    if ground_truth is None:
-        return VerifyResult(None, "error", "no ground truth")
+    if ground_truth is None or not str(ground_truth).strip():
+        return VerifyResult(None, "error", "row has no ground truth; fix the row's ground_truth")
     return VerifyResult(float(final_answer(response) == ground_truth.strip()), "ok")
 
 
-@register_verifier("math", version="1")
-def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
-    if ground_truth is None:
-        return VerifyResult(None, "error", "no ground truth")
-    try:
-        from math_verify import parse, verify
+def _join_digit_groups(text: str) -> str:
+    """``1\\,234`` → ``1234``: math-verify reads the LaTeX thin space as ``1 + 234`` (= 235)."""
+    return _DIGIT_GROUPS.sub(lambda m: _GROUP_SEP.sub("", m.group(0)), text)
 
-        answer = final_answer(response)
-        if not answer:
-            return VerifyResult(None, "unparseable", "empty answer")
-        # Both sides go through math-verify's LaTeX extraction as a boxed answer: plain numbers,
-        # LaTeX (\\frac, \\sqrt, …) and expressions are all read the same way.
-        gold = parse(f"\\boxed{{{ground_truth}}}")
-        pred = parse(f"\\boxed{{{answer}}}")
-        if not pred:
-            return VerifyResult(None, "unparseable", f"no expression in {answer[:80]!r}")
-        return VerifyResult(float(bool(verify(gold, pred))), "ok")
+
+def _configs(answer_side: bool) -> list[Any]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    # On the answer side a box outranks "the answer is …" phrases: the model's box is its final word.
+    latex = LatexExtractionConfig(boxed_match_priority=0) if answer_side else LatexExtractionConfig()
+    return [latex, ExprExtractionConfig()]
+
+
+def _parse(text: str, answer_side: bool) -> Any | None:
+    """The first expression math-verify extracts (raises its TimeoutException / errors), else None."""
+    from math_verify import parse
+
+    found = parse(text, extraction_config=_configs(answer_side), parsing_timeout=PARSE_TIMEOUT_S,
+                  raise_on_error=True)
+    return next((x for x in found if not isinstance(x, str)), None)
+
+
+def _reference_text(ground_truth: str) -> str:
+    """A reference already in math mode (``$…$``, ``\\[…\\]``, a box) is parsed as written; otherwise it is
+    put in ``$…$`` so LaTeX without delimiters (``\\frac12``, ``[1,2)``, ``2, 3``) is read as LaTeX.
+    (Re-wrapping everything in ``\\boxed{}`` mangled references that were already LaTeX.)"""
+    gt = _join_digit_groups(ground_truth.strip())
+    return gt if _LATEX_DELIMS.search(gt) else f"${gt}$"
+
+
+def parse_reference(ground_truth: str | None) -> Any:
+    """The reference as a sympy object; raises :class:`_BadReference` naming the problem and the fix."""
+    if ground_truth is None or not str(ground_truth).strip():
+        raise _BadReference("row has no ground truth (None or empty); fix the row's ground_truth")
+    from math_verify.errors import TimeoutException
+
+    try:
+        gold = _parse(_reference_text(str(ground_truth)), answer_side=False)
+    except TimeoutException:
+        raise _BadReference(f"reference {str(ground_truth)[:80]!r} took over {PARSE_TIMEOUT_S} s to parse; "
+                            "simplify the row's ground_truth") from None
+    except Exception as e:  # noqa: BLE001 - any parser failure is the reference's problem here
+        gold = None
+        detail = f" ({type(e).__name__})"
+    else:
+        detail = ""
+    if gold is None:
+        raise _BadReference(f"reference {str(ground_truth)[:80]!r} cannot be parsed by math-verify{detail}; "
+                            "fix the row's ground_truth (a number, or LaTeX such as \\frac{1}{2}, [1,2), \\{2,3\\})")
+    return gold
+
+
+def check_math_reference(ground_truth: str | None, **options: Any) -> str | None:
+    """``None`` when math-verify can read the reference, else what is wrong and how to fix it."""
+    try:
+        parse_reference(ground_truth)
+    except _BadReference as e:
+        return str(e)
+    return None
+
+
+_PLAIN_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def _plain_number(text: str) -> str | None:
+    """``46``, ``-2.5`` or ``\\boxed{46}`` as the *whole* text, else None (the fast path's input)."""
+    t = text.strip()
+    m = re.fullmatch(r"\\boxed\{\s*([^{}]*?)\s*\}", t)
+    t = m.group(1) if m else t
+    return t if _PLAIN_NUMBER.fullmatch(t) else None
+
+
+def _fast_verdict(response: str, ground_truth: str) -> float | None:
+    """Plain number against plain number, compared exactly as decimals without loading sympy; else None."""
+    from decimal import Decimal
+
+    a, g = _plain_number(response), _plain_number(ground_truth)
+    if a is None or g is None:
+        return None
+    return float(Decimal(a) == Decimal(g))
+
+
+def _n_elements(x: Any) -> int:
+    """How many answers ``x`` holds: a set/tuple's length, 2 for an open interval ``(a, b)`` (also a pair), else 1."""
+    from sympy import FiniteSet, Interval, Tuple
+
+    if isinstance(x, (FiniteSet, Tuple)):
+        return len(x)
+    if isinstance(x, Interval) and x.left_open and x.right_open and x.start.is_finite and x.end.is_finite:
+        return 2
+    return 1
+
+
+def _parse_answer(response: str, gold: Any) -> Any | None:
+    """The model's answer. Where the reference holds several answers and math-verify read one (it keeps
+    only the last box unless boxes are adjacent or joined by "and"/","), all the boxes are read as one list."""
+    text = _join_digit_groups(response)
+    pred = _parse(text, answer_side=True)
+    boxes = boxed_contents(text)
+    if _n_elements(gold) > 1 and len(boxes) > 1 and (pred is None or _n_elements(pred) == 1):
+        joined = _parse("$" + ", ".join(b for b in boxes if b) + "$", answer_side=True)
+        pred = joined if joined is not None else pred
+    return pred
+
+
+def _percent_value(x: Any) -> Any:
+    """``12%`` (math-verify: ``12 * UnevaluatedExpr(1/100)``) → ``12``; anything else unchanged."""
+    from sympy import Mul, Rational, UnevaluatedExpr
+
+    if isinstance(x, Mul) and len(x.args) == 2 and x.args[1] == UnevaluatedExpr(Rational(1, 100)):
+        return x.args[0]
+    return x
+
+
+def _equal(gold: Any, pred: Any) -> bool:
+    """math-verify's comparison, then the percent-as-label reading (see the ``math`` docstring)."""
+    from math_verify import verify
+
+    def same(g: Any, p: Any) -> bool:
+        return verify(g, p, float_rounding=FLOAT_ROUNDING, numeric_precision=NUMERIC_PRECISION, strict=True,
+                      allow_set_relation_comp=True, timeout_seconds=VERIFY_TIMEOUT_S, raise_on_error=True)
+
+    if same(gold, pred):
+        return True
+    g, p = _percent_value(gold), _percent_value(pred)
+    return (g is not gold or p is not pred) and same(g, p)
+
+
+@register_verifier("math", version="2", budget_s=MATH_BUDGET_S, check_reference=check_math_reference)
+def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
+    """Is the model's final answer mathematically equivalent to the reference? (math-verify, plus fixes).
+
+    Verdicts: a reference that is None, empty or unreadable by math-verify → ``error`` naming the row's
+    fix (never 0/ok: the fault is the dataset's). An empty response → ``unparseable``. A response with no
+    extractable expression (prose, ``\\boxed{}``) → 0/``ok``: the model failed to give an answer. Wrong →
+    0/``ok``; equivalent → 1/``ok``. math-verify's own timeout → ``timeout``; its exceptions (called with
+    ``raise_on_error=True``, so they are not silently False) → ``error``.
+
+    Conventions (the audit set ``datasets/audit/math.jsonl`` is labelled by these):
+
+    - The final answer is the last ``\\boxed{}``; without a box, math-verify's "final answer is" / last
+      expression rules apply.
+    - Decimals equal an exact value when they agree after rounding to 10 places, so 0.333 ≠ 1/3 and
+      0.1000001 ≠ 0.1, while 46.0 = 46 and 1.50 = 3/2.
+    - Units are ignored, not converted: ``5\\text{ cm}`` matches 5; the number must be in the unit the
+      reference uses (500 cm does not match 5 m).
+    - Percent: the % sign is read as a label: ``12%`` matches 12 (the question asked for a percentage) and
+      0.12 (its value); without a % sign, 12 and 0.12 differ.
+    - A comma followed by exactly three digits is a thousands separator (``1,000`` = 1000); a comma list
+      without brackets (``2, 3``) is a set of answers; ``(1, 2)`` is an ordered pair or open interval.
+
+    What math-verify gets wrong and we fix:
+
+    - math-verify reads ``1\\,234`` (LaTeX thin-space digit groups, also ``1{,}234``, ``1~234``) as
+      ``1 + 234`` = 235; we join digit groups before parsing, because a thin space in a number is a
+      thousands separator.
+    - Re-wrapping a reference in ``\\boxed{}`` mangled references already in LaTeX (``$\\frac12$``); we
+      parse a reference with delimiters as written and put one without in ``$…$``.
+    - math-verify keeps only the last box unless boxes sit next to each other or are joined by
+      "and"/","/";"; where the reference holds several answers (``2, 3``, ``\\{2,3\\}``, ``(1, 2)``) we read
+      all the boxes as one list, because models often box each root in its own sentence.
+    - math-verify's percent rule depends on the number type (12% = 12 but 12.5% ≠ 12.5); we read the %
+      sign as a label for every number (retry with the % removed), because the convention must be one.
+    - math-verify compares an inequality answer with an interval reference only when asked; we ask
+      (``allow_set_relation_comp``), because ``1 \\le x < 2`` describes the set ``[1,2)``.
+    - math-verify rounds decimals to 6 places by default, which accepts 0.3333333 for 1/3 and 0.1000001
+      for 0.1; we round to 10.
+    - Plain number vs plain number (``46`` vs ``46.0``, the demo) is compared exactly as decimals without
+      math-verify: same verdict, no sympy import, microseconds.
+    """
+    try:
+        gold_text = str(ground_truth) if ground_truth is not None else None
+        fast = _fast_verdict(response or "", gold_text) if gold_text else None
+        if fast is not None:
+            return VerifyResult(fast, "ok")
+        gold = parse_reference(gold_text)
+    except _BadReference as e:
+        return VerifyResult(None, "error", str(e))
+    if not response or not response.strip():
+        return VerifyResult(None, "unparseable", "empty answer")
+    return _judge(response, gold)
+
+
+def _judge(response: str, gold: Any) -> VerifyResult:
+    """Parse and compare the model's answer; math-verify's timeouts and exceptions become statuses."""
+    from math_verify.errors import TimeoutException
+
+    try:
+        pred = _parse_answer(response, gold)
+        if pred is None:
+            return VerifyResult(0.0, "ok", "no answer found in the response")
+        return VerifyResult(float(_equal(gold, pred)), "ok")
+    except TimeoutException as e:
+        return VerifyResult(None, "timeout", f"math-verify timed out ({e}); parse limit {PARSE_TIMEOUT_S} s, "
+                                             f"compare limit {VERIFY_TIMEOUT_S} s")
     except Exception as e:  # noqa: BLE001 - verifiers never raise on model output
-        return VerifyResult(None, "error", f"{type(e).__name__}: {e}"[:200])
+        return VerifyResult(None, "error", f"math-verify failed: {type(e).__name__}: {str(e)[:150]}")
