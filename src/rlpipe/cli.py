@@ -220,10 +220,10 @@ def verifier_audit(
     labels: list[Path],
     out: Annotated[Optional[Path], typer.Option(help="Write the full report (with every disagreement) as JSON.")] = None,
     workers: Annotated[int, typer.Option(help="Verifier worker processes.")] = 2,
-    timeout: Annotated[float, typer.Option(help="Hard per-case timeout in seconds.")] = 20.0,
+    grace: Annotated[float, typer.Option(help="Seconds allowed past each verifier's declared budget before a case is killed.")] = 5.0,
 ) -> None:
-    """Agreement, false positives and false negatives per verifier on labelled JSONL files."""
-    from rlpipe.rewards.audit import LabelsError, audit, load_labels
+    """Agreement, false positives and false negatives per verifier and per category on labelled JSONL files."""
+    from rlpipe.rewards.audit import LabelsError, audit, load_labels, totals
     from rlpipe.rewards.pool import VerifierPool
 
     try:
@@ -231,13 +231,23 @@ def verifier_audit(
     except (LabelsError, FileNotFoundError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
-    with VerifierPool(workers=workers, timeout_s=timeout) as pool:
+    with VerifierPool(workers=workers, grace_s=grace) as pool:
         report = audit(cases, pool)
-    typer.echo(f"{'verifier':<12} {'n':>4} {'agree':>7} {'FP':>4} {'FN':>4} {'not ok':>7}")
+
+    def row(name: str, r: dict) -> str:
+        return (f"{name:<28} {r['n']:>4} {r['agreement']:>7.1%} {r['false_positive']:>4} "
+                f"{r['false_negative']:>4} {r['not_ok']:>7}")
+
+    typer.echo(f"{'verifier / category':<28} {'n':>4} {'agree':>7} {'FP':>4} {'FN':>4} {'not ok':>7}")
     for task, r in report.items():
-        typer.echo(f"{task:<12} {r['n']:>4} {r['agreement']:>7.1%} {r['false_positive']:>4} {r['false_negative']:>4} {r['not_ok']:>7}")
+        typer.echo(row(task, r))
+        cats = r.get("categories", {})
+        if len(cats) > 1 or "-" not in cats:
+            for cat, c in cats.items():
+                typer.echo(row(f"  {cat}", c))
         for d in r["disagreements"]:
             typer.echo(f"    line {d['line']}: {d['kind']}: {d.get('note') or ''} — {d['reason'][:90]}")
+    typer.echo(row("total", totals(report)))
     if out:
         out.write_text(json.dumps(report, indent=2))
         typer.echo(f"report: {out}")
