@@ -50,11 +50,12 @@ def test_bad_label_files_name_the_line(tmp_path):
 
 
 def test_shipped_labelled_sets(pool):
-    cases = [c for f in ("math.jsonl", "format.jsonl", "code.jsonl") for c in load_labels(ROOT / "datasets/audit" / f)]
+    # code.jsonl runs sandboxed programs (over 10 s); the code verifier's tests audit it.
+    cases = [c for f in ("math.jsonl", "format.jsonl") for c in load_labels(ROOT / "datasets/audit" / f)]
     report = audit(cases, pool)
     # The shipped verifiers never reward a case labelled wrong on these sets.
     assert all(r["false_positive"] == 0 for r in report.values()), {k: r["disagreements"] for k, r in report.items()}
-    for name in ("format", "json", "code", "python_expr"):
+    for name in ("format", "json"):
         assert report[name]["agreement"] == 1.0, report[name]["disagreements"]
     overall = totals(report)
     assert overall["agreement"] >= 0.98 and overall["false_positive"] == 0, overall

@@ -166,6 +166,25 @@ def _parse_answer(response: str, gold: Any) -> Any | None:
     return pred
 
 
+_UNIT = re.compile(r"\\(?:text|mathrm|mbox|textrm)\s*\{\s*([A-Za-z][A-Za-z ]*?)\s*\}")
+
+
+def _unit(text: str) -> str | None:
+    """The last unit word written as ``\\text{…}`` in ``text`` (``cm``, ``meters`` → ``meter``), else None."""
+    words = _UNIT.findall(text)
+    if not words:
+        return None
+    w = words[-1].lower()
+    return w[:-1] if w.endswith("s") and len(w) > 3 else w
+
+
+def _units_differ(response: str, ground_truth: str) -> bool:
+    """Both sides name a unit and not the same one: math-verify drops units, so 5 m would match 5 cm."""
+    boxes = boxed_contents(response)
+    a, g = _unit(boxes[-1] if boxes else response), _unit(ground_truth)
+    return a is not None and g is not None and a != g
+
+
 def _percent_value(x: Any) -> Any:
     """``12%`` (math-verify: ``12 * UnevaluatedExpr(1/100)``) → ``12``; anything else unchanged."""
     from sympy import Mul, Rational, UnevaluatedExpr
@@ -206,7 +225,8 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
     - Decimals equal an exact value when they agree after rounding to 10 places, so 0.333 ≠ 1/3 and
       0.1000001 ≠ 0.1, while 46.0 = 46 and 1.50 = 3/2.
     - Units are ignored, not converted: ``5\\text{ cm}`` matches 5; the number must be in the unit the
-      reference uses (500 cm does not match 5 m).
+      reference uses (500 cm does not match 5 m). When both sides name a unit in ``\\text{}`` (or
+      ``\\mathrm{}``) they must name the same one (plural ``s`` aside): ``cm`` ≠ ``centimeters``.
     - Percent: the % sign is read as a label: ``12%`` matches 12 (the question asked for a percentage) and
       0.12 (its value); without a % sign, 12 and 0.12 differ.
     - A comma followed by exactly three digits is a thousands separator (``1,000`` = 1000); a comma list
@@ -222,6 +242,8 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
     - math-verify keeps only the last box unless boxes sit next to each other or are joined by
       "and"/","/";"; where the reference holds several answers (``2, 3``, ``\\{2,3\\}``, ``(1, 2)``) we read
       all the boxes as one list, because models often box each root in its own sentence.
+    - math-verify drops unit words on both sides, so ``5\\text{ m}`` matched a reference of
+      ``5\\text{ cm}``; we give 0 when both name different units, because the answer is wrong.
     - math-verify's percent rule depends on the number type (12% = 12 but 12.5% ≠ 12.5); we read the %
       sign as a label for every number (retry with the % removed), because the convention must be one.
     - math-verify compares an inequality answer with an interval reference only when asked; we ask
@@ -241,6 +263,8 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
         return VerifyResult(None, "error", str(e))
     if not response or not response.strip():
         return VerifyResult(None, "unparseable", "empty answer")
+    if _units_differ(response, str(ground_truth)):
+        return VerifyResult(0.0, "ok", "the answer's unit differs from the reference's")
     return _judge(response, gold)
 
 
