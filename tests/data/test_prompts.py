@@ -1,4 +1,5 @@
 import json
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -231,3 +232,17 @@ def test_cli_data_validate_names_reference_problems(tmp_path):
     got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [(f["row"], f["field"]) for f in got] == [("f1", "ground_truth"), ("q9", "prompt")]
     assert all(f["problem"] and f["fix"] for f in got)
+
+
+def test_reference_checks_give_the_same_findings_off_the_main_thread(tmp_path):
+    # prepare-dataset validates in a Prefect task thread, where math-verify's signal-based parse
+    # timeout cannot run: the checks then run in a child process, with the same findings.
+    table = load_prompts(jsonl(tmp_path, [GOOD, OTHER | {"ground_truth": "\\frac{1}{"}, FMT | {"ground_truth": '{"regex": "("}'}]))
+    here = validate_prompts(table)
+    there: list = []
+    t = threading.Thread(target=lambda: there.append(validate_prompts(table)))
+    t.start()
+    t.join(120)
+    assert [(f.row, f.field) for f in here] == [("q9", "ground_truth"), ("f1", "ground_truth")]
+    assert "cannot be parsed by math-verify" in here[0].problem
+    assert there == [here]

@@ -1,14 +1,20 @@
 """Prompt tables: load a user's JSONL/Parquet file, validate every row, and version by content.
 
 Validation reports; it never drops rows. Each :class:`Finding` names the row id (or line), the
-field and what to do, so a user can fix the file and run again.
+field and what to do, so a user can fix the file and run again. Besides each row's shape, split
+and duplicates, it catches what would otherwise only show up as ``error`` verdicts or inflated
+rewards during training: a reference (``ground_truth``, or ``tests`` when there is none — what
+``tasks/rl.py`` hands the verifier) that the row's verifier rejects (``check_reference``), and a
+prompt that states its own answer (:func:`answer_leak`, which documents the rule).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
+import threading
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +28,8 @@ from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import conform
 
 SPLITS = ("train", "test", "validation")
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Finding", "PromptFileError", "dataset_version", "load_prompts", "validate_prompts", "SPLITS"]
 
@@ -200,23 +208,64 @@ def _blank(value: str | None) -> bool:
     return value is None or not str(value).strip()
 
 
+def _check_here(pairs: list[tuple[str, str | None]], options: dict[str, dict[str, Any]],
+                modules: tuple[str, ...] = ()) -> list[str | None]:
+    """Each (verifier, reference)'s ``check_reference`` message; a crashing check becomes its message."""
+    import importlib
+
+    from rlpipe.rewards import get_verifier
+
+    for module in modules:  # in a child process: the modules that register the verifiers (plugins)
+        importlib.import_module(module)
+    out: list[str | None] = []
+    for task, reference in pairs:
+        try:
+            out.append(get_verifier(task).check_reference(reference, **options.get(task, {})))
+        except Exception as e:  # noqa: BLE001 - a bug in a reference check must name the row, not abort validation
+            out.append(f"the {task!r} verifier's reference check crashed ({type(e).__name__}: {e})"[:300])
+    return out
+
+
+def _check_in_child(pairs: list[tuple[str, str | None]], options: dict[str, dict[str, Any]]) -> list[str | None]:
+    """The checks on a child process's main thread: math-verify's parse timeout uses ``signal.alarm``,
+    which fails off the main thread (and ``prepare-dataset`` runs in a Prefect task thread)."""
+    import multiprocessing as mp
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rlpipe.rewards import get_verifier
+
+    modules = tuple(sorted({get_verifier(t).__module__ for t, _ in pairs}))
+    if "__main__" in modules:  # a verifier registered by a script cannot be re-created in a child
+        raise RuntimeError("a verifier is registered in __main__")
+    ctx = mp.get_context("forkserver" if os.name == "posix" else "spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
+        return ex.submit(_check_here, pairs, options, modules).result()
+
+
 class _ReferenceChecker:
-    """Runs each verifier's ``check_reference`` once per distinct (verifier, reference)."""
+    """Runs each verifier's ``check_reference`` once per distinct (verifier, reference), on a main thread."""
 
     def __init__(self, options: dict[str, dict[str, Any]]):
         self.options = options
         self._memo: dict[tuple[str, str | None], str | None] = {}
 
-    def problem(self, task: str, reference: str | None) -> str | None:
-        key = (task, reference)
-        if key not in self._memo:
-            from rlpipe.rewards import get_verifier
+    def prefetch(self, pairs: set[tuple[str, str | None]]) -> None:
+        todo = sorted(pairs - set(self._memo), key=lambda p: (p[0], p[1] or ""))
+        if not todo:
+            return
+        if threading.current_thread() is threading.main_thread():
+            self._memo.update(zip(todo, _check_here(todo, self.options)))
+            return
+        try:
+            self._memo.update(zip(todo, _check_in_child(todo, self.options)))
+        except Exception as e:  # noqa: BLE001 - e.g. a plugin that cannot be imported in a child
+            log.warning("reference checks could not run in a child process (%s: %s); running them here", type(e).__name__, e)
+            self._memo.update(zip(todo, _check_here(todo, self.options)))
 
-            try:
-                self._memo[key] = get_verifier(task).check_reference(reference, **self.options.get(task, {}))
-            except Exception as e:  # noqa: BLE001 - a bug in a reference check must name the row, not abort validation
-                self._memo[key] = f"the {task!r} verifier's reference check crashed ({type(e).__name__}: {e})"[:300]
-        return self._memo[key]
+    def problem(self, task: str, reference: str | None) -> str | None:
+        self.prefetch({(task, reference)})
+        return self._memo[(task, reference)]
 
     def accepts_none(self, task: str) -> bool:
         """A verifier that checks references and accepts none at all (``json``: any JSON value)."""
@@ -327,6 +376,8 @@ def validate_prompts(table: pa.Table, verifiers: list[str] | None = None,
     rows = table.to_pylist()
     ids = Counter(r["id"] for r in rows)
     checker = _ReferenceChecker(options or {})
+    checked = [r for r in rows if r["task"] in verifiers and r["task"] in known]
+    checker.prefetch({(r["task"], _reference(r)[1]) for r in checked if not (_blank(r["ground_truth"]) and _blank(r["tests"]))})
     findings: list[Finding] = []
     for n, r in enumerate(rows, start=1):
         rid = _row_id(r, n)
