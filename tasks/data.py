@@ -31,7 +31,7 @@ def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     else:
         table = load_prompts(config.task.dataset, default_task=config.reward.verifier)
         name = config.task.dataset.rsplit("/", 1)[-1].split(".")[0]
-    findings = validate_prompts(table)
+    findings = validate_prompts(table, options=config.reward.verifier_options())
     if findings:
         shown = "\n".join(f"  {f}" for f in findings[:20])
         more = f"\n  … and {len(findings) - 20} more (run `rlpipe data validate {config.task.dataset}`)" if len(findings) > 20 else ""
