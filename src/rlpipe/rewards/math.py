@@ -2,12 +2,16 @@
 
 math-verify's own timeouts use ``signal.alarm``, which only works on a process's main thread;
 the verifier pool runs each sample on a worker's main thread, so they work there. Off the main
-thread math-verify raises, and this verifier reports ``error`` rather than a silent 0.
+thread (a Prefect task thread: SFT evaluation, dataset validation) math-verify would raise on
+setting the alarm, so there the verifier calls it without its internal timeout: such callers
+score the model's own short answers and references from the dataset, and the pool — the only
+place arbitrary model output is judged in a run — still enforces a hard deadline from outside.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 from rlpipe.rewards.base import VerifyResult, register_verifier
@@ -25,6 +29,11 @@ _LATEX_DELIMS = re.compile(r"\$|\\\[|\\\(|\\boxed|\\fbox")
 # 1\,234  1{,}234  1\ 234  1~234  "1 234": a digit group separator inside a number, not a product.
 _DIGIT_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\\,|\{,\}|\\ |~|\\;|\\!| )\d{3})+(?![\d])")
 _GROUP_SEP = re.compile(r"\\,|\{,\}|\\ |~|\\;|\\!| ")
+
+
+def _alarm_s(seconds: int) -> int | None:
+    """math-verify's timeout where its alarm can work (the main thread), else none (see the docstring)."""
+    return seconds if threading.current_thread() is threading.main_thread() else None
 
 
 class _BadReference(ValueError):
@@ -78,7 +87,7 @@ def _parse(text: str, answer_side: bool) -> Any | None:
     """The first expression math-verify extracts (raises its TimeoutException / errors), else None."""
     from math_verify import parse
 
-    found = parse(text, extraction_config=_configs(answer_side), parsing_timeout=PARSE_TIMEOUT_S,
+    found = parse(text, extraction_config=_configs(answer_side), parsing_timeout=_alarm_s(PARSE_TIMEOUT_S),
                   raise_on_error=True)
     return next((x for x in found if not isinstance(x, str)), None)
 
@@ -154,11 +163,30 @@ def _n_elements(x: Any) -> int:
     return 1
 
 
+# A plain-text answer that reads as LaTeX math: digits, one-letter variables, operators, brackets, and
+# a few function names (``2x+1``, ``x^2+1``, ``sqrt(2)/2``). Prose has longer words and is left alone.
+_MATHLIKE = re.compile(r"(?:[\d.,+\-*/^()\[\]{}<>=| ]|\b[a-zA-Z]\b|(?<![a-zA-Z])[a-zA-Z](?=[\d(^_ +\-*/)]|$)|"
+                       r"sqrt|pi|log|ln|sin|cos|tan|exp|infty|inf|\\[a-zA-Z]+)+")
+_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*", re.I)
+
+
+def _plain_candidate(text: str) -> str | None:
+    """The final answer of a response written without LaTeX delimiters, when it reads as math, else None."""
+    if _LATEX_DELIMS.search(text):
+        return None
+    parts = _ANSWER_IS.split(text)
+    cand = (parts[-1] if len(parts) > 1 else text).strip().rstrip(".").strip()
+    return cand if cand and _MATHLIKE.fullmatch(cand) else None
+
+
 def _parse_answer(response: str, gold: Any) -> Any | None:
     """The model's answer. Where the reference holds several answers and math-verify read one (it keeps
-    only the last box unless boxes are adjacent or joined by "and"/","), all the boxes are read as one list."""
+    only the last box unless boxes are adjacent or joined by "and"/","), all the boxes are read as one list.
+    A plain-text answer that reads as math (``2x+1``, ``x^2+1``) is parsed as LaTeX, as references are."""
     text = _join_digit_groups(response)
-    pred = _parse(text, answer_side=True)
+    cand = _plain_candidate(text)
+    pred = _parse(f"${cand}$", answer_side=True) if cand else None
+    pred = pred if pred is not None else _parse(text, answer_side=True)
     boxes = boxed_contents(text)
     if _n_elements(gold) > 1 and len(boxes) > 1 and (pred is None or _n_elements(pred) == 1):
         joined = _parse("$" + ", ".join(b for b in boxes if b) + "$", answer_side=True)
@@ -200,7 +228,7 @@ def _equal(gold: Any, pred: Any) -> bool:
 
     def same(g: Any, p: Any) -> bool:
         return verify(g, p, float_rounding=FLOAT_ROUNDING, numeric_precision=NUMERIC_PRECISION, strict=True,
-                      allow_set_relation_comp=True, timeout_seconds=VERIFY_TIMEOUT_S, raise_on_error=True)
+                      allow_set_relation_comp=True, timeout_seconds=_alarm_s(VERIFY_TIMEOUT_S), raise_on_error=True)
 
     if same(gold, pred):
         return True
@@ -250,6 +278,9 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
       (``allow_set_relation_comp``), because ``1 \\le x < 2`` describes the set ``[1,2)``.
     - math-verify rounds decimals to 6 places by default, which accepts 0.3333333 for 1/3 and 0.1000001
       for 0.1; we round to 10.
+    - math-verify reads a plain-text answer only as a Python-style expression, so ``x^2+1``, ``2x+1`` and
+      ``sqrt(2)/2`` were "no answer" or a stray number; an answer without delimiters that reads as math
+      (after "the answer is", or the whole response) is parsed as LaTeX, the way references are.
     - Plain number vs plain number (``46`` vs ``46.0``, the demo) is compared exactly as decimals without
       math-verify: same verdict, no sympy import, microseconds.
     """
