@@ -172,7 +172,7 @@ def test_scoring_option():
     res = code(HONEST, ADD, scoring="most")
     assert res.status == "error" and "scoring" in res.reason and res.reward is None
     assert "scoring" in code.check_reference(ADD, scoring="most")
-    assert code.options == frozenset({"scoring"}) and code.version == "2"
+    assert code.options == frozenset({"scoring"}) and code.version == "2" and code.sandboxed
 
 
 SUM_IO = json.dumps({"io": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"},

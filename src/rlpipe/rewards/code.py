@@ -20,14 +20,15 @@ the program are unrolled here first (``all(f(x) == 2 * x for x in range(3))`` be
 ``all([f(0) == 0, f(1) == 2, f(2) == 4])``), so their loop and conditions never run in the sandbox.
 Tests that cannot be split safely are rejected by ``check_reference`` (see ``_split``).
 
-**How an stdin/stdout case is judged.** One sandbox run per item: a trusted harness (main.py) starts
-the program as a child process per case, with that case's input on stdin and a per-case time
-budget, and sends back its stdout, exit status and a stderr tail. Here the output is compared with
-the expected one, token-wise per line: each line is split into whitespace-separated tokens (so
-spacing inside a line, leading/trailing whitespace and ``\\r\\n`` vs ``\\n`` do not matter), trailing
-blank lines are dropped, the lists of lines must then be equal (a line break where a space was
-expected fails; blank lines elsewhere count). No numeric tolerance. A case passes only when the
-program also exited with status 0 within its budget.
+**How an stdin/stdout case is judged.** One sandbox run per item: a trusted harness (main.py) forks
+a child per case that runs the program as ``__main__`` with that case's input on stdin, under a
+per-case time budget, and sends back its stdout, exit status and a stderr tail (a fork costs a few
+ms a case; a fresh interpreter per case cost 50-100 ms, a sandbox run per case ~80-150 ms). Here
+the output is compared with the expected one, token-wise per line: each line is split into
+whitespace-separated tokens (so spacing inside a line, leading/trailing whitespace and ``\r\n``
+vs ``\n`` do not matter), trailing blank lines are dropped, and the lists of lines must then be
+equal (a line break where a space was expected fails; blank lines elsewhere count). No numeric
+tolerance. A case passes only when the program also exited with status 0 within its budget.
 
 **Threat model — protected.** Expected values and expected outputs never enter the sandbox, and no
 verdict is computed there: the harness only reports values/outputs, so a program that forges the
@@ -217,20 +218,62 @@ emit(k="done")
 _exit(0)
 '''
 
-# stdin/stdout cases: the program is a child process per case; this harness never runs its code.
-IO_HARNESS = _PRELUDE + r'''
-import subprocess
-cmd = [sys.executable, "-B", "-E", "-s", "solution.py"]
+# stdin/stdout cases: the program runs in a forked child per case (a fresh copy of this harness, which
+# holds nothing secret), as ``__main__`` with the case's files as fds 0/1/2; this process never runs it.
+IO_HARNESS = _PRELUDE + r"""
+import builtins, signal, traceback
+src = open("solution.py").read()
+
+def child(i):
+    for fd, name, flags in ((0, "in%d.txt", os.O_RDONLY), (1, "out%d.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, "err%d.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        os.dup2(os.open(name % i, flags, 0o600), fd)
+    os.close(OUT)
+    sys.stdin, sys.stdout, sys.stderr = open(0, "r"), open(1, "w"), open(2, "w")
+    sys.argv = ["solution.py"]
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    rc = 0
+    try:
+        exec(compile(src, "solution.py", "exec"), {"__name__": "__main__", "__builtins__": builtins})
+    except SystemExit as e:
+        rc = e.code if type(e.code) is int else 0 if e.code is None else 1
+        if rc == 1 and e.code is not None:
+            sys.stderr.write(str(e.code) + "\n")
+    except BaseException:
+        traceback.print_exc()
+        rc = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        rc = rc or 1
+    _exit(rc & 0xFF)
+
+def run_case(i):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(i)
+        finally:
+            _exit(1)
+    deadline, pause = _mono() + spec["case_s"], 0.001
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if _mono() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout"
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+
 for i, text in enumerate(spec["inputs"]):
     with open("in%d.txt" % i, "w") as f:
         f.write(text)
 for i in range(len(spec["inputs"])):
     t0 = _mono()
-    with open("in%d.txt" % i, "rb") as fin, open("out%d.txt" % i, "wb") as fout, open("err%d.txt" % i, "wb") as ferr:
-        try:
-            rc = subprocess.run(cmd, stdin=fin, stdout=fout, stderr=ferr, timeout=spec["case_s"]).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+    rc = run_case(i)
     with open("out%d.txt" % i, "rb") as f:
         out = f.read(spec["out_cap"] + 1)
     with open("err%d.txt" % i, "rb") as f:
@@ -240,7 +283,7 @@ for i in range(len(spec["inputs"])):
     emit(False, k="case", i=i, rc=rc, big=big, err=err, s=round(_mono() - t0, 3),
          out="" if big else out.decode("utf-8", "replace"))
 emit(k="done")
-'''
+"""
 
 EXPR_HARNESS = _PRELUDE + r'''
 import signal
@@ -436,8 +479,9 @@ def _check_operand(node: ast.AST, local: set[str]) -> None:
     if free_locals or isinstance(node, ast.Lambda):
         raise _RefError(f"`{text}` passes a loop or lambda variable to the program; write one assert per case")
     for n in ast.walk(node):
-        kids = ([n.left, *n.comparators] if isinstance(n, ast.Compare) else [n.left, n.right] if isinstance(n, ast.BinOp)
-                else n.values if isinstance(n, ast.BoolOp) else [n.test, n.body, n.orelse] if isinstance(n, ast.IfExp) else [])
+        kids = ([n.left, *n.comparators] if isinstance(n, ast.Compare) else [n.left, n.right]
+                if isinstance(n, ast.BinOp) else n.values if isinstance(n, ast.BoolOp)
+                else [n.test, n.body, n.orelse] if isinstance(n, ast.IfExp) else [])
         taint = [bool(_program_names(k, local)) for k in kids]
         if any(taint) and not all(taint):
             raise _RefError(f"`{ast.unparse(n)[:60]}` inside `{text}` combines the program's value with test data "
@@ -602,7 +646,8 @@ def _records(stdout: str, nonce: str) -> list[dict]:
     return out
 
 
-def _sandbox_fault(res: Any, records: list[dict], harness_budget: float, t_call: float, t_end: float) -> VerifyResult | None:
+def _sandbox_fault(res: Any, records: list[dict], harness_budget: float, t_call: float,
+                   t_end: float) -> VerifyResult | None:
     """A verdict for failures of the verification itself; None when the program is to blame (or fine)."""
     tail = (res.stderr or "").rstrip().rsplit("\n", 1)[-1]
     if res.exit_code is None and "rlpipe.sandbox: no sandbox available" in tail:
@@ -663,7 +708,7 @@ def _score(passed: list[bool], scoring: str, reason: str, isolation: str | None)
 # --------------------------------------------------------------------------- the verifiers
 
 _BUDGETS = {"compile_s": 2.0, "run_s": 3.0, "test_s": 2.0, "case_s": 2.0}
-_CASE_OVERHEAD_S = 0.5  # starting the program's interpreter and reading its output, per io case
+_CASE_OVERHEAD_S = 0.5  # forking the program and reading its output, per io case (generous)
 _TEARDOWN_S = 5.0  # killing the sandbox after its wall clock, parsing and judging here
 
 
@@ -759,7 +804,8 @@ def _run_io(program: str, cases: tuple[tuple[str, str], ...], case_s: float) -> 
     return passed, why, res
 
 
-@register_verifier("code", version="2", budget_s=_code_budget, check_reference=_code_check, options=("scoring",))
+@register_verifier("code", version="2", budget_s=_code_budget, check_reference=_code_check, options=("scoring",),
+                   sandboxed=True)
 def code_tests(response: str, ground_truth: str | None, scoring: str = "fraction", **budgets: float) -> VerifyResult:
     """Function tests or stdin/stdout cases; ``budgets``: compile_s, run_s, test_s, case_s (direct callers)."""
     if scoring not in SCORINGS:
@@ -789,7 +835,7 @@ def _expr_check(ground_truth: str | None, **_: Any) -> str | None:
 
 
 @register_verifier("python_expr", version="2", budget_s=lambda gt, budget_s=1.0, **_: budget_s + 1.0 + SANDBOX_SLACK_S
-                   + _TEARDOWN_S, check_reference=_expr_check)
+                   + _TEARDOWN_S, check_reference=_expr_check, sandboxed=True)
 def python_expr(response: str, ground_truth: str | None, budget_s: float = 1.0) -> VerifyResult:
     """The expression's repr comes back from the sandbox; it is compared with the expected repr here."""
     problem = _expr_check(ground_truth)
