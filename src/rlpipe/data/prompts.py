@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
-import threading
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +27,6 @@ from rlpipe.storage.store import conform
 
 SPLITS = ("train", "test", "validation")
 
-log = logging.getLogger(__name__)
 
 __all__ = ["Finding", "PromptFileError", "dataset_version", "load_prompts", "validate_prompts", "SPLITS"]
 
@@ -208,15 +205,10 @@ def _blank(value: str | None) -> bool:
     return value is None or not str(value).strip()
 
 
-def _check_here(pairs: list[tuple[str, str | None]], options: dict[str, dict[str, Any]],
-                modules: tuple[str, ...] = ()) -> list[str | None]:
+def _check_here(pairs: list[tuple[str, str | None]], options: dict[str, dict[str, Any]]) -> list[str | None]:
     """Each (verifier, reference)'s ``check_reference`` message; a crashing check becomes its message."""
-    import importlib
-
     from rlpipe.rewards import get_verifier
 
-    for module in modules:  # in a child process: the modules that register the verifiers (plugins)
-        importlib.import_module(module)
     out: list[str | None] = []
     for task, reference in pairs:
         try:
@@ -226,25 +218,11 @@ def _check_here(pairs: list[tuple[str, str | None]], options: dict[str, dict[str
     return out
 
 
-def _check_in_child(pairs: list[tuple[str, str | None]], options: dict[str, dict[str, Any]]) -> list[str | None]:
-    """The checks on a child process's main thread: math-verify's parse timeout uses ``signal.alarm``,
-    which fails off the main thread (and ``prepare-dataset`` runs in a Prefect task thread)."""
-    import multiprocessing as mp
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    from rlpipe.rewards import get_verifier
-
-    modules = tuple(sorted({get_verifier(t).__module__ for t, _ in pairs}))
-    if "__main__" in modules:  # a verifier registered by a script cannot be re-created in a child
-        raise RuntimeError("a verifier is registered in __main__")
-    ctx = mp.get_context("forkserver" if os.name == "posix" else "spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
-        return ex.submit(_check_here, pairs, options, modules).result()
-
-
 class _ReferenceChecker:
-    """Runs each verifier's ``check_reference`` once per distinct (verifier, reference), on a main thread."""
+    """Runs each verifier's ``check_reference`` once per distinct (verifier, reference).
+
+    In-process, also on a Prefect task thread (``prepare-dataset``): the math verifier parses without
+    math-verify's alarm-based timeout there (see ``rlpipe.rewards.math``)."""
 
     def __init__(self, options: dict[str, dict[str, Any]]):
         self.options = options
@@ -254,14 +232,7 @@ class _ReferenceChecker:
         todo = sorted(pairs - set(self._memo), key=lambda p: (p[0], p[1] or ""))
         if not todo:
             return
-        if threading.current_thread() is threading.main_thread():
-            self._memo.update(zip(todo, _check_here(todo, self.options)))
-            return
-        try:
-            self._memo.update(zip(todo, _check_in_child(todo, self.options)))
-        except Exception as e:  # noqa: BLE001 - e.g. a plugin that cannot be imported in a child
-            log.warning("reference checks could not run in a child process (%s: %s); running them here", type(e).__name__, e)
-            self._memo.update(zip(todo, _check_here(todo, self.options)))
+        self._memo.update(zip(todo, _check_here(todo, self.options)))
 
     def problem(self, task: str, reference: str | None) -> str | None:
         self.prefetch({(task, reference)})
