@@ -148,8 +148,14 @@ def _run_rl(cfg: RunConfig, run_id: str | None) -> dict:
 @app.command("run")
 def run_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option(help="Start or resume this run.")] = None) -> None:
     """RL training (one Prefect flow run per iteration); the same --run-id resumes. Prints summary.json's path last."""
+    from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
+
     cfg = _load(config, set_)
-    summary = _run_rl(cfg, run_id)
+    try:
+        summary = _run_rl(cfg, run_id)
+    except (RewardCircuitOpen, SandboxFloorError) as e:  # a guard tripped: say why, no traceback
+        typer.echo(f"rlpipe run stopped: {e}", err=True)
+        raise typer.Exit(3) from None
     _print_rl(summary)
     typer.echo(summary["_path"])
 
