@@ -15,7 +15,9 @@ under its own SIGALRM budget) and serialises every operand's value as a plain li
 builtin types only (``type(x) is int``, not ``isinstance``: subclasses and custom objects are "not a
 plain value" and fail the test). Here the values are rebuilt from a tagged JSON form and the rest of
 the test (the comparison, ``abs(…) < 1e-6``, ``not``, ``in``, ``sorted(…)``…) is evaluated with
-ordinary Python semantics on plain values, with the real builtins. Comprehensions whose body calls
+ordinary Python semantics on plain values, with the real builtins (a safe builtin's name in a test
+always means the builtin, even if the program defines one of that name; the program is executed as
+module ``__solution__``, so its ``if __name__ == "__main__":`` block does not run). Comprehensions whose body calls
 the program are unrolled here first (``all(f(x) == 2 * x for x in range(3))`` becomes
 ``all([f(0) == 0, f(1) == 2, f(2) == 4])``), so their loop and conditions never run in the sandbox.
 Tests that cannot be split safely are rejected by ``check_reference`` (see ``_split``).
@@ -127,7 +129,7 @@ spec = json.load(open("spec.json"))
 # to /dev/null, the report to a private dup of the real stdout. Only values are reported.
 FUNC_HARNESS = _PRELUDE + r'''
 import builtins, math, signal
-_type, _hex, _repr, _len, _bool = type, hex, repr, len, bool
+_type, _hex, _repr, _len, _eval, _compile = type, hex, repr, len, eval, compile
 _CLEAN = dict(builtins.__dict__)
 _null = os.open(os.devnull, os.O_WRONLY)
 os.dup2(_null, 1)
@@ -203,7 +205,7 @@ for i, ops in enumerate(spec["tests"]):
     env.update({n: _CLEAN[n] for n in spec["safe"] if n in _CLEAN})
     env["math"] = math
     def run_ops():
-        vals = [enc(eval(compile(o, "<test %d>" % i, "eval"), env)) for o in ops]
+        vals = [enc(_eval(_compile(o, "<test %d>" % i, "eval"), env)) for o in ops]
         out = _dumps(vals)
         if _len(out) > spec["out_cap"]:
             raise ValueError("value too large (%d bytes serialised)" % _len(out))
