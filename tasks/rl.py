@@ -101,7 +101,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
         train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows},
     ))
     log.info("services up in %.1f s (engine %s %.1f s, verifier %s); policy %s", time.perf_counter() - start,
-             engine.name, engine_s, url or f"{pool.size} local workers", expected[:12])
+             engine.name, engine_s, settings().verifier_url or f"{pool.size} local workers", expected[:12])
     return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start,
             "sandbox_level": sandbox_level}
 

@@ -36,7 +36,8 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> Non
 def test_train_deployment_runs_on_a_process_worker(tiny_checkpoint, even_task, tmp_path):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")
+           and k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")} | {
         "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "INFO", "PWD": str(ROOT), "PYTHONPATH": str(ROOT),
     }
