@@ -75,6 +75,31 @@ def _join_digit_groups(text: str) -> str:
     return _DIGIT_GROUPS.sub(lambda m: _GROUP_SEP.sub("", m.group(0)), text)
 
 
+# A whole run of numbers joined by commas (``2,74``, ``0,111``, ``1,000.5``), not the inside of a bracket
+# (``(0,9)``, ``[0,1)`` are read as lists already), and a proper thousands grouping.
+_COMMA_RUN = re.compile(r"(?<![\d.,(\[{])\d+(?:\.\d+)?(?:,\d+(?:\.\d+)?)+(?![\d,)\]}]|\.\d)")
+_THOUSANDS = re.compile(r"[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+# Euler's number written upright: math-verify drops \mathrm{…} / \text{…} as a unit, so 1 - 1/\mathrm{e} read as 1.
+_UPRIGHT_E = re.compile(r"\\(?:mathrm|text|textrm|rm|mathit)\s*\{\s*e\s*\}")
+# A clock time on the hour (``12:00``): read as a ratio its second term is 0 and math-verify fails on 12/0.
+_ON_THE_HOUR = re.compile(r"(?<![\d.:])(\d{1,2}):00(?![\d:])")
+
+
+def _comma_lists(text: str) -> str:
+    """``2,74`` → ``2, 74``: a comma between digits that is not a thousands separator separates answers
+    (the convention); math-verify read it as a decimal comma (2.74), and ``0,111`` as 0.111."""
+    def fix(m: re.Match[str]) -> str:
+        run = m.group(0)
+        return run if _THOUSANDS.fullmatch(run) else run.replace(",", ", ")
+    return _COMMA_RUN.sub(fix, text)
+
+
+def _normalize(text: str) -> str:
+    """The text fixes applied to both the reference and the answer before math-verify parses them."""
+    text = _comma_lists(_join_digit_groups(text))
+    return _ON_THE_HOUR.sub(r"\1", _UPRIGHT_E.sub("e", text))
+
+
 def _configs(answer_side: bool) -> list[Any]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
@@ -96,7 +121,7 @@ def _reference_text(ground_truth: str) -> str:
     """A reference already in math mode (``$…$``, ``\\[…\\]``, a box) is parsed as written; otherwise it is
     put in ``$…$`` so LaTeX without delimiters (``\\frac12``, ``[1,2)``, ``2, 3``) is read as LaTeX.
     (Re-wrapping everything in ``\\boxed{}`` mangled references that were already LaTeX.)"""
-    gt = _join_digit_groups(ground_truth.strip())
+    gt = _normalize(ground_truth.strip())
     return gt if _LATEX_DELIMS.search(gt) else f"${gt}$"
 
 
@@ -183,7 +208,7 @@ def _parse_answer(response: str, gold: Any) -> Any | None:
     """The model's answer. Where the reference holds several answers and math-verify read one (it keeps
     only the last box unless boxes are adjacent or joined by "and"/","), all the boxes are read as one list.
     A plain-text answer that reads as math (``2x+1``, ``x^2+1``) is parsed as LaTeX, as references are."""
-    text = _join_digit_groups(response)
+    text = _normalize(response)
     cand = _plain_candidate(text)
     pred = _parse(f"${cand}$", answer_side=True) if cand else None
     pred = pred if pred is not None else _parse(text, answer_side=True)
@@ -199,7 +224,7 @@ _UNIT = re.compile(r"\\(?:text|mathrm|mbox|textrm)\s*\{\s*([A-Za-z][A-Za-z ]*?)\
 
 def _unit(text: str) -> str | None:
     """The last unit word written as ``\\text{…}`` in ``text`` (``cm``, ``meters`` → ``meter``), else None."""
-    words = _UNIT.findall(text)
+    words = [w for w in _UNIT.findall(text) if w.strip().lower() != "e"]  # \mathrm{e} is Euler's number
     if not words:
         return None
     w = words[-1].lower()
@@ -283,6 +308,15 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
       (after "the answer is", or the whole response) is parsed as LaTeX, the way references are.
     - Plain number vs plain number (``46`` vs ``46.0``, the demo) is compared exactly as decimals without
       math-verify: same verdict, no sympy import, microseconds.
+    - math-verify reads a comma between digits as a decimal comma in some places (``2,74`` = 2.74,
+      ``0,111`` = 0.111) and as a list separator in others (``1,22``); outside brackets, a comma between
+      digits that is not a thousands grouping (``1,000``, ``12,345.5``) gets a space after it, so it is
+      read as a list, because the convention above must hold everywhere.
+    - math-verify drops ``\\mathrm{e}`` (and ``\\text{e}``) as a unit, so ``1 - 1/\\mathrm{e}`` matched
+      ``1 + 1/\\mathrm{e}`` (both read as 1); an upright e is written as ``e``, Euler's number, on both sides,
+      and is not a unit word.
+    - math-verify reads a clock time on the hour (``12:00``) as the ratio 12/0 and fails, so the answer was
+      an ``error``; ``h:00`` is read as ``h``, because a ratio's second term is never 0.
     """
     try:
         gold_text = str(ground_truth) if ground_truth is not None else None
