@@ -72,6 +72,8 @@ def test_sandbox_floor_refuses_a_weaker_sandbox_unless_lowered_and_records_the_l
     summary = json.loads(Path(lowered.stdout.strip().splitlines()[-1]).read_text())
     assert summary["sandbox_level"] == "bwrap+seccomp+uid+rlimits"
     rows = open_store().read_stage(stage_prefix("rl-floor-lowered", 0, "verify"), schema=TRAJECTORY_SCHEMA).to_pylist()
-    assert {r["isolation"] for r in rows} == {"bwrap+seccomp+uid+rlimits"}
+    ran = [r for r in rows if r["isolation"] is not None]  # an empty expression is judged without running
+    assert ran and {r["isolation"] for r in ran} == {"bwrap+seccomp+uid+rlimits"}
+    assert all(r["reward_reason"] == "empty expression" for r in rows if r["isolation"] is None)
     history = json.loads((settings().run_dir("rl-floor-lowered") / "progress.json").read_text())["history"]
     assert history[0]["sandbox/level/bwrap-seccomp-uid-rlimits"] == 1.0
