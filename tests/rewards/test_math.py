@@ -94,3 +94,17 @@ def test_exact_is_strict_and_registry_lists_names():
     assert {"exact", "math"} <= set(verifier_names())
     with pytest.raises(KeyError, match="known: "):
         get_verifier("astrology")
+
+
+@pytest.mark.parametrize("response,truth,status,reward", [
+    ("46", "46", "ok", 1.0),
+    (" \\boxed{46} ", "46", "ok", 1.0),
+    ("46.0", "46", "ok", 0.0),       # exact means exact: the model's wrong form scores 0
+    ("", "46", "unparseable", None),  # nothing to judge
+    ("46", None, "error", None),      # the reference's fault, never 0/ok
+    ("46", "  ", "error", None),
+])
+def test_exact_verdict_rule(response, truth, status, reward):
+    res = get_verifier("exact")(response, truth)
+    assert (res.status, res.reward) == (status, reward), res.reason
+    assert (get_verifier("exact").check_reference(truth) is None) == (status != "error")

@@ -63,11 +63,21 @@ def final_answer(response: str) -> str:
     return boxes[-1] if boxes else response.strip()
 
 
-@register_verifier("exact", version="1")
-def exact(response: str, ground_truth: str | None) -> VerifyResult:
+def _check_exact_reference(ground_truth: str | None, **options: Any) -> str | None:
     if ground_truth is None or not str(ground_truth).strip():
-        return VerifyResult(None, "error", "row has no ground truth; fix the row's ground_truth")
-    return VerifyResult(float(final_answer(response) == ground_truth.strip()), "ok")
+        return "row has no ground truth (None or empty); fix the row's ground_truth"
+    return None
+
+
+@register_verifier("exact", version="2", budget_s=1.0, check_reference=_check_exact_reference)
+def exact(response: str, ground_truth: str | None) -> VerifyResult:
+    """String equality of the final answer (last box, else the stripped text) and the stripped reference."""
+    problem = _check_exact_reference(ground_truth)
+    if problem:
+        return VerifyResult(None, "error", problem)
+    if not response or not response.strip():
+        return VerifyResult(None, "unparseable", "empty answer")
+    return VerifyResult(float(final_answer(response) == str(ground_truth).strip()), "ok")
 
 
 def _join_digit_groups(text: str) -> str:
