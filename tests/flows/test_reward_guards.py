@@ -76,4 +76,4 @@ def test_sandbox_floor_refuses_a_weaker_sandbox_unless_lowered_and_records_the_l
     assert ran and {r["isolation"] for r in ran} == {"bwrap+seccomp+uid+rlimits"}
     assert all(r["reward_reason"] == "empty expression" for r in rows if r["isolation"] is None)
     history = json.loads((settings().run_dir("rl-floor-lowered") / "progress.json").read_text())["history"]
-    assert history[0]["sandbox/level/bwrap-seccomp-uid-rlimits"] == 1.0
+    assert history[0]["sandbox/level/bwrap-seccomp-uid-rlimits"] == len(ran) / len(rows)  # share of all samples
