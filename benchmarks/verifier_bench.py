@@ -51,11 +51,17 @@ print(json.dumps({"wall_s": wall, "ok": codes.get(200, 0), "rejected_429": codes
 '''
 
 
-def pool_rate(workers: int, n: int) -> float:
+def pool_rate(workers: int, n: int, kind: str) -> float:
+    """``plain``: numbers on both sides (the demo; exact decimal fast path). ``latex``: fractions in LaTeX
+    against decimals, which go through math-verify's parsing and comparison."""
     from rlpipe.rewards.pool import VerifierPool, VerifyItem
 
     rng = random.Random(0)
-    items = [VerifyItem("math", f"\\boxed{{{rng.randint(0, 200)}}}", str(rng.randint(0, 200))) for _ in range(n)]
+    if kind == "plain":
+        items = [VerifyItem("math", f"\\boxed{{{rng.randint(0, 200)}}}", str(rng.randint(0, 200))) for _ in range(n)]
+    else:
+        items = [VerifyItem("math", f"so \\boxed{{\\frac{{{rng.randint(1, 9)}}}{{{rng.choice((2, 4, 5, 8))}}}}}",
+                            str(rng.randint(1, 9) / 4)) for _ in range(n)]
     with VerifierPool(workers=workers, grace_s=10) as pool:
         pool.score(items[:50])  # warm-up: imports in the workers
         t = time.perf_counter()
@@ -72,7 +78,8 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/rlpipe-bench/verifier.json")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    result: dict = {"math_per_s": {w: round(pool_rate(w, a.n), 1) for w in (1, 2)}}
+    result: dict = {"math_per_s": {k: {w: round(pool_rate(w, a.n if k == "plain" else a.n // 4, k), 1) for w in (1, 2)}
+                                   for k in ("plain", "latex")}}
 
     from tests.helpers.s3server import free_port
 
@@ -100,8 +107,9 @@ def main() -> None:
         server.wait(10)
     s = result["service"]
     print("| measurement | value |\n|---|---|")
-    print(f"| math verifications/s, 1 worker | {result['math_per_s'][1]:.0f} |")
-    print(f"| math verifications/s, 2 workers | {result['math_per_s'][2]:.0f} |")
+    for k in ("plain", "latex"):
+        for w in (1, 2):
+            print(f"| math verifications/s, {k}, {w} worker(s) | {result['math_per_s'][k][w]:.0f} |")
     print(f"| service: items/s ({a.clients} clients × batches of {a.batch}) | {s['items_per_s']:.0f} |")
     print(f"| service: latency p50 / p99 | {s['p50_s']:.3f} s / {s['p99_s']:.3f} s |")
     print(f"| service: 429 answers / ok requests | {s['rejected_429']} / {s['ok']} |")
