@@ -69,6 +69,32 @@ def pool_rate(workers: int, n: int, kind: str) -> float:
         return n / (time.perf_counter() - t)
 
 
+def code_latency(n: int = 10) -> dict[str, float]:
+    """Median seconds per verdict of the sandboxed code verifier, in-process (one sandbox run each)."""
+    import statistics
+
+    from rlpipe.rewards import get_verifier
+
+    code = get_verifier("code")
+    func, script = "def add(a, b):\n    return a + b\n", "print(sum(map(int, input().split())))\n"
+    cases = {
+        "tests_1": {"tests": ["assert add(1, 2) == 3"]},
+        "tests_10": {"tests": [f"assert add({i}, {i}) == {2 * i}" for i in range(10)]},
+        "io_1": {"io": [{"input": "1 2\n", "output": "3\n"}]},
+        "io_20": {"io": [{"input": f"{i} {i}\n", "output": f"{2 * i}\n"} for i in range(20)]},
+    }
+    out = {}
+    for name, gt in cases.items():
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            res = code(script if name.startswith("io") else func, json.dumps(gt))
+            times.append(time.perf_counter() - t)
+            assert (res.status, res.reward) == ("ok", 1.0), res
+        out[name] = round(statistics.median(times), 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000, help="math items per pool measurement")
@@ -78,7 +104,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/rlpipe-bench/verifier.json")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    result: dict = {"math_per_s": {k: {w: round(pool_rate(w, a.n if k == "plain" else a.n // 4, k), 1) for w in (1, 2)}
+    result: dict = {"code_s": code_latency(), "math_per_s": {k: {w: round(pool_rate(w, a.n if k == "plain" else a.n // 4, k), 1) for w in (1, 2)}
                                    for k in ("plain", "latex")}}
 
     from tests.helpers.s3server import free_port
@@ -107,6 +133,8 @@ def main() -> None:
         server.wait(10)
     s = result["service"]
     print("| measurement | value |\n|---|---|")
+    for k, v in result["code_s"].items():
+        print(f"| code verdict, {k.replace('_', ' ')} (median s) | {v:.3f} |")
     for k in ("plain", "latex"):
         for w in (1, 2):
             print(f"| math verifications/s, {k}, {w} worker(s) | {result['math_per_s'][k][w]:.0f} |")

@@ -60,8 +60,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     # storage, checkpoint saves, sync, logging.
     overhead = wall - stages["generate_s"] - stages["verify_s"] - stages["update_s"] - stages["eval_s"]
     metrics = (
-        {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share",
-                           "invalid_share")}
+        {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
         | {k: v[k] for k in v if k.startswith(("status_", "sandbox/", "verifier/"))}
         | {k: val for k, val in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith("dynamic/")}
         | {f"time/{k}": val for k, val in stages.items()}
@@ -70,7 +69,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
            "throughput/generate_tokens_per_s": r.get("generate_tokens_per_s", 0.0),
            "throughput/verify_per_s": v.get("verify_per_s", 0.0),
            "throughput/train_tokens_per_s": u["train_tokens_per_s"],
-           "alerts": float(len(v.get("alerts", [])))}
+           "alerts": float(len(v.get("alerts", []))),
+           "invalid_share": 1.0 - v["status_ok"]}  # what the circuit breaker counts
     )
     if ev:
         metrics["heldout_accuracy"] = ev["accuracy"]

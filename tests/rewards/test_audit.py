@@ -25,7 +25,7 @@ def test_audit_counts_false_positives_and_negatives(tmp_path, pool):
         {"task": "exact", "category": "dec", "response": "46.0", "ground_truth": "46", "expected": 1},  # exact says 0: FN
         {"task": "exact", "category": "int", "response": "45", "ground_truth": "46", "expected": 0},
         {"task": "exact", "category": "int", "response": "45", "ground_truth": "45", "expected": 0},  # exact says 1: FP
-        {"task": "math", "response": "", "ground_truth": "1", "expected": 0},  # unparseable: not ok
+        {"task": "math", "response": "1", "ground_truth": "", "expected": 1},  # broken reference: not ok
     ]))
     report = audit(load_labels(f), pool)
     e, m = report["exact"], report["math"]

@@ -21,8 +21,8 @@ NO_TRUTH = "no ground truth"
         ("\\boxed{1}", "\\frac{", "error", None, BROKEN),
         ("", "}{", "error", None, BROKEN),
         # Nothing to judge.
-        ("", "46", "unparseable", None, "empty answer"),
-        ("  \n ", "46", "unparseable", None, "empty answer"),
+        ("", "46", "ok", 0.0, "empty answer"),  # no answer is a wrong answer: never an escape from the penalty
+        ("  \n ", "46", "ok", 0.0, "empty answer"),
         # The model gave no answer / a wrong one: 0/ok.
         ("I cannot solve this.", "7", "ok", 0.0, "no answer"),
         ("\\boxed{}", "3", "ok", 0.0, "no answer"),
@@ -100,7 +100,7 @@ def test_exact_is_strict_and_registry_lists_names():
     ("46", "46", "ok", 1.0),
     (" \\boxed{46} ", "46", "ok", 1.0),
     ("46.0", "46", "ok", 0.0),       # exact means exact: the model's wrong form scores 0
-    ("", "46", "unparseable", None),  # nothing to judge
+    ("", "46", "ok", 0.0),  # no answer is a wrong answer
     ("46", None, "error", None),      # the reference's fault, never 0/ok
     ("46", "  ", "error", None),
 ])

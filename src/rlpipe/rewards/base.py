@@ -5,7 +5,9 @@ program that crashes, loops past its own budget or prints garbage is ``reward 0 
 is the fault of the reference, the verifier, the sandbox or a service — an unparseable or empty
 ground truth, an internal timeout or exception, a sandbox that is unavailable or lost its
 launcher, a service that is down — is ``error`` / ``timeout`` / ``skipped`` with a reason, never
-a 0 reward. ``unparseable`` is kept for an empty model answer (nothing to judge).
+a 0 reward. An empty or unreadable model answer is the model's failure too (0 / ``ok``): were it
+excluded, a policy could escape every penalty by answering nothing. The built-in verifiers never
+use ``unparseable``; it stays in the schema for plugins and old data.
 
 Each verifier declares:
 

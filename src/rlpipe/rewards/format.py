@@ -160,7 +160,7 @@ def _parse_response(response: str) -> tuple[Any, VerifyResult | None]:
     fenced = _FENCE.findall(response)
     text = (fenced[-1] if fenced else response).strip()
     if not text:
-        return None, VerifyResult(None, "unparseable", "empty response")
+        return None, VerifyResult(0.0, "ok", "empty response")
     try:
         return json.loads(text), None
     except json.JSONDecodeError as e:

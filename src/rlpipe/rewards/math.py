@@ -76,7 +76,7 @@ def exact(response: str, ground_truth: str | None) -> VerifyResult:
     if problem:
         return VerifyResult(None, "error", problem)
     if not response or not response.strip():
-        return VerifyResult(None, "unparseable", "empty answer")
+        return VerifyResult(0.0, "ok", "empty answer")
     return VerifyResult(float(final_answer(response) == str(ground_truth).strip()), "ok")
 
 
@@ -276,7 +276,7 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
     """Is the model's final answer mathematically equivalent to the reference? (math-verify, plus fixes).
 
     Verdicts: a reference that is None, empty or unreadable by math-verify → ``error`` naming the row's
-    fix (never 0/ok: the fault is the dataset's). An empty response → ``unparseable``. A response with no
+    fix (never 0/ok: the fault is the dataset's). An empty response → 0/``ok`` (no answer is a wrong answer). A response with no
     extractable expression (prose, ``\\boxed{}``) → 0/``ok``: the model failed to give an answer. Wrong →
     0/``ok``; equivalent → 1/``ok``. math-verify's own timeout → ``timeout``; its exceptions (called with
     ``raise_on_error=True``, so they are not silently False) → ``error``.
@@ -337,7 +337,7 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
     except _BadReference as e:
         return VerifyResult(None, "error", str(e))
     if not response or not response.strip():
-        return VerifyResult(None, "unparseable", "empty answer")
+        return VerifyResult(0.0, "ok", "empty answer")
     if _units_differ(response, str(ground_truth)):
         return VerifyResult(0.0, "ok", "the answer's unit differs from the reference's")
     return _judge(response, gold)

@@ -172,7 +172,6 @@ def batch_metrics(table: pa.Table, flat_batch_alert: bool = True) -> tuple[dict[
         "accuracy": sum(1 for x in ok if x == 1.0) / n,
         "response_length_mean": statistics.fmean(len(r["response_token_ids"]) for r in rows) if rows else 0.0,
         "truncated_share": sum(bool(r["truncated"]) for r in rows) / n,
-        "invalid_share": sum(r["reward_status"] != "ok" for r in rows) / n,
     }
     signal = group_signal(rows)
     metrics |= {"groups": float(len(signal)), "groups_with_signal": float(sum(signal.values()))}
