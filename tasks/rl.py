@@ -114,7 +114,7 @@ def _verifier_pool(config: RunConfig):
                             plugins=tuple(config.reward.plugins), options=config.reward.verifier_options())
     from rlpipe.rewards.remote import RemoteVerifier
 
-    pool = RemoteVerifier(url, timeout_s=600.0)
+    pool = RemoteVerifier(url, timeout_s=600.0, options=config.reward.verifier_options())
     if not pool.healthy():
         run_logger().warning("ALERT verifier service %s is not healthy; samples it cannot score get status skipped", url)
     return pool

@@ -83,7 +83,7 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
 def _cli(args: list[str], env_extra: dict[str, str], api_url: str) -> subprocess.CompletedProcess:
     # Not the launcher variables of this process's own trainer (its MASTER_PORT is taken).
     inherited = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env = inherited | {"PREFECT_API_URL": api_url, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | env_extra
+    env = inherited | {"PREFECT_API_URL": api_url, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"} | env_extra
     code = "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()"
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900)
 

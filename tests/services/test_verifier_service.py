@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start(tmp_path, *args):
     port = free_port()
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}  # this checkout, whatever the shared venv points at
     code = "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()"
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", "verifier", "--port", str(port),
                              "--plugin", "tests.helpers.slow_verifiers", *args],
@@ -177,3 +177,14 @@ def test_client_health_check_is_short_and_says_why(monkeypatch):
 
     monkeypatch.setattr(httpx, "get", slow_get)
     assert not client.healthy() and "no answer within 2 s" in client.health_problem
+
+
+def test_options_travel_with_the_request_and_unknown_ones_are_refused(service):
+    half = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]}  # the second test is wrong: 1 of 2 pass
+    items = [VerifyItem("code", "def add(a, b):\n    return a + b\n", __import__("json").dumps(half))]
+    assert RemoteVerifier(service).score(items)[0].reward == 0.5  # the service's default: fraction
+    res = RemoteVerifier(service, options={"code": {"scoring": "all"}}).score(items)[0]
+    assert (res.status, res.reward) == ("ok", 0.0) and res.isolation
+    r = httpx.post(f"{service}/verify", json={"items": [], "options": {"math": {"scoring": "all"}}})
+    assert r.status_code == 422 and "verifier 'math' has no option" in r.text
+    assert httpx.get(f"{service}/health").json()["status"] == "ok"

@@ -34,7 +34,7 @@ class VerifyItem:
     ground_truth: str | None
 
 
-def _worker(conn: Connection, plugins: tuple[str, ...], options: dict[str, dict[str, Any]]) -> None:
+def _worker(conn: Connection, plugins: tuple[str, ...]) -> None:
     from rlpipe.rewards import get_verifier
 
     for mod in plugins:
@@ -46,18 +46,18 @@ def _worker(conn: Connection, plugins: tuple[str, ...], options: dict[str, dict[
             return
         if msg is None:
             return
-        idx, name, response, gt = msg
+        idx, name, response, gt, options = msg
         try:
-            res = get_verifier(name)(response, gt, **options.get(name, {}))
+            res = get_verifier(name)(response, gt, **options)
         except Exception as e:  # noqa: BLE001 - a verifier bug must not kill the pool
             res = VerifyResult(None, "error", f"{type(e).__name__}: {e}"[:200])
         conn.send((idx, res.reward, res.status, res.reason, res.isolation))
 
 
 class _Worker:
-    def __init__(self, ctx: Any, plugins: tuple[str, ...], options: dict[str, dict[str, Any]]):
+    def __init__(self, ctx: Any, plugins: tuple[str, ...]):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, plugins, options), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, plugins), daemon=True)
         self.proc.start()
         child.close()
         self.job: int | None = None
@@ -91,7 +91,7 @@ class VerifierPool:
             self._ctx.set_forkserver_preload(["rlpipe.rewards", *plugins])
         self.plugins = tuple(plugins)
         self.grace_s = grace_s
-        self._workers = [_Worker(self._ctx, self.plugins, self.options) for _ in range(workers)]
+        self._workers = [_Worker(self._ctx, self.plugins) for _ in range(workers)]
         self.restarts = 0
 
     @property
@@ -103,19 +103,28 @@ class VerifierPool:
 
     def _replace(self, i: int) -> None:
         self._workers[i].kill()
-        self._workers[i] = _Worker(self._ctx, self.plugins, self.options)
+        self._workers[i] = _Worker(self._ctx, self.plugins)
         self.restarts += 1
 
-    def deadline_s(self, item: VerifyItem) -> float:
+    def resolve_options(self, options: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+        """The options of one call: the pool's own, or ``options`` (checked: unknown ones raise ValueError)."""
+        if options is None:
+            return self.options
+        check_options(options)
+        return options
+
+    def deadline_s(self, item: VerifyItem, options: dict[str, dict[str, Any]] | None = None) -> float:
         """The hard wall-clock limit of one item: its verifier's declared budget plus the grace period."""
+        opts = self.resolve_options(options).get(item.verifier, {})
         try:
-            v = get_verifier(item.verifier)
-            budget = float(v.budget_s(item.ground_truth, **self.options.get(item.verifier, {})))
+            budget = float(get_verifier(item.verifier).budget_s(item.ground_truth, **opts))
         except Exception:  # noqa: BLE001 - unknown verifier or unreadable reference: the worker reports it
             budget = DEFAULT_BUDGET_S
         return budget + self.grace_s
 
-    def score(self, items: list[VerifyItem]) -> list[VerifyResult]:
+    def score(self, items: list[VerifyItem], options: dict[str, dict[str, Any]] | None = None) -> list[VerifyResult]:
+        """Verdicts in order; ``options`` (per verifier name) replace the pool's own for this call."""
+        options = self.resolve_options(options)
         results: list[VerifyResult | None] = [None] * len(items)
         queue = deque(range(len(items)))
         for i, w in enumerate(self._workers):
@@ -126,8 +135,8 @@ class VerifierPool:
                 if w.job is None and queue:
                     j = queue.popleft()
                     it = items[j]
-                    w.conn.send((j, it.verifier, it.response, it.ground_truth))
-                    w.limit = self.deadline_s(it)
+                    w.conn.send((j, it.verifier, it.response, it.ground_truth, options.get(it.verifier, {})))
+                    w.limit = self.deadline_s(it, options)
                     w.job, w.deadline = j, time.monotonic() + w.limit
             busy = [w for w in self._workers if w.job is not None]
             timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())

@@ -15,8 +15,10 @@ from rlpipe.rewards.pool import VerifyItem
 
 
 class RemoteVerifier:
-    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, batch: int = 1024):
+    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, batch: int = 1024,
+                 options: dict[str, dict[str, Any]] | None = None):
         self.url = url.rstrip("/")
+        self.options = options  # sent with every request (the run's reward options), None: the service's
         self.timeout_s = timeout_s
         self.retries = retries
         self.batch = batch
@@ -48,7 +50,7 @@ class RemoteVerifier:
         import httpx
 
         body = {"items": [{"verifier": i.verifier, "response": i.response, "ground_truth": i.ground_truth} for i in items],
-                "timeout_s": self.timeout_s}
+                "timeout_s": self.timeout_s, "options": self.options}
         delay = 0.5
         for attempt in range(self.retries + 1):
             try:

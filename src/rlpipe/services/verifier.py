@@ -75,6 +75,7 @@ class Job:
     items: list[VerifyItem]
     budget_s: float  # the longest the batch may legitimately take, from its verifiers' declared budgets
     waits_s: float  # budget_s plus that of the requests queued before it
+    options: dict[str, dict[str, Any]] | None = None  # per verifier, for this request; None: the service's
     future: Future = field(default_factory=Future)
     abandoned: threading.Event = field(default_factory=threading.Event)
 
@@ -133,26 +134,27 @@ class VerifierService:
             if job.abandoned.is_set():  # nobody will read the rest: free the pool for the next request
                 self.stats.add(abandoned=1)
                 return None
-            out += self.pool.score(chunk)
+            out += self.pool.score(chunk, job.options)
         return out
 
     # -- requests ------------------------------------------------------------------------------
 
-    def budget_s(self, items: list[VerifyItem]) -> float:
+    def budget_s(self, items: list[VerifyItem], options: dict[str, dict[str, Any]] | None = None) -> float:
         """Longest the pool may take on ``items`` by their verifiers' declared budgets (+ grace).
 
         Per chunk, greedy assignment to ``size`` workers finishes within sum/size + the longest item."""
         total = 0.0
         for chunk in self._chunks(items):
-            deadlines = [self.pool.deadline_s(i) for i in chunk]
+            deadlines = [self.pool.deadline_s(i, options) for i in chunk]
             total += sum(deadlines) / self.pool.size + max(deadlines)
         return total + _SLACK_S
 
-    def submit(self, items: list[VerifyItem]) -> Job:
-        """Queue a batch; raises ``queue.Full`` (the caller answers 429)."""
-        budget = self.budget_s(items) if items else 0.0
+    def submit(self, items: list[VerifyItem], options: dict[str, dict[str, Any]] | None = None) -> Job:
+        """Queue a batch; raises ``queue.Full`` (the caller answers 429), ValueError for unknown options."""
+        self.pool.resolve_options(options)  # unknown options raise before anything is queued
+        budget = self.budget_s(items, options) if items else 0.0
         with self._backlog_lock:
-            job = Job(items, budget, waits_s=self._backlog_s + budget)
+            job = Job(items, budget, waits_s=self._backlog_s + budget, options=options)
             self._queue.put_nowait(job)
             self._backlog_s += budget
         return job
@@ -201,6 +203,9 @@ class VerifyRequest(BaseModel):
         None, gt=0, le=3600,
         description="Answer within this many seconds; default: what the declared budgets of this batch and "
                     "the queue ahead of it need (at least the service's request timeout).")
+    options: dict[str, dict[str, Any]] | None = Field(
+        None, description="Verifier options for this request, by verifier name (e.g. {\"code\": {\"scoring\": "
+                          "\"all\"}}); unknown options are refused with 422. Default: the service's own.")
 
 
 def _as_dict(r: VerifyResult) -> dict[str, Any]:
@@ -240,7 +245,9 @@ def create_app(service: VerifierService):
         service.stats.add(requests=1, items=len(req.items))
         items = [VerifyItem(i.verifier, i.response, i.ground_truth) for i in req.items]
         try:
-            job = service.submit(items)
+            job = service.submit(items, req.options)
+        except (ValueError, KeyError) as e:  # an option or verifier the service does not know
+            raise HTTPException(status_code=422, detail=str(e).strip("'\"")) from None
         except queue.Full:
             service.stats.add(rejected=1)
             raise HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
