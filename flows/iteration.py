@@ -16,9 +16,10 @@ from tasks.tracking import register_checkpoint
 
 _UPDATE_METRICS = frozenset({
     "loss", "pg_loss", "kl", "kl_loss", "kl_coef", "entropy", "clip_frac", "approx_kl_old", "grad_norm",
-    "samples_excluded", "samples_generated", "optimizer_steps", "vf_loss", "vf_clip_frac", "value_mse",
-    "explained_variance", "critic_grad_norm",
+    "samples_excluded", "samples_generated", "optimizer_steps", "nonfinite_steps", "vf_loss", "vf_clip_frac",
+    "value_mse", "explained_variance", "critic_grad_norm",
 })
+_UPDATE_PREFIXES = ("dynamic/", "mismatch/", "ratio/", "advantage/", "tis/")
 
 
 def _due(iteration: int, every: int, last: int) -> bool:
@@ -62,7 +63,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     metrics = (
         {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
         | {k: v[k] for k in v if k.startswith(("status_", "sandbox/", "verifier/"))}
-        | {k: val for k, val in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith("dynamic/")}
+        | {k: val for k, val in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith(_UPDATE_PREFIXES)}
         | {f"time/{k}": val for k, val in stages.items()}
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),
            "time/save_s": u["save_s"],

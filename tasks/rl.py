@@ -239,6 +239,7 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dic
     metrics = svc.trainer.update(table_to_samples(table), iteration) | dyn
     metrics["samples_generated"] = float(sum(t.num_rows for t in tables))
     update_s = time.perf_counter() - start
+    _check_nonfinite(config, iteration, metrics)
     start = time.perf_counter()
     folder = state_dir(run_id, iteration)
     if folder.exists():
@@ -250,6 +251,25 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dic
     return {"metrics": metrics, "update_s": update_s, "save_s": save_s, "read_s": read_s,
             "state_dir": str(folder), "weights_sha256": digest,
             "train_tokens_per_s": metrics.get("tokens", 0.0) / max(update_s, 1e-9)}
+
+
+class NonFiniteUpdate(RuntimeError):
+    """Too many optimizer steps of one iteration had a non-finite loss or gradient."""
+
+
+def _check_nonfinite(config: RunConfig, iteration: int, metrics: dict[str, float]) -> None:
+    skipped = int(metrics.get("nonfinite_steps", 0))
+    if not skipped:
+        return
+    total = skipped + int(metrics.get("optimizer_steps", 0))
+    run_logger().warning("ALERT iteration %d: %d/%d optimizer step(s) skipped: non-finite loss or gradient "
+                         "(mismatch/abs_max %.3g)", iteration, skipped, total, metrics.get("mismatch/abs_max", float("nan")))
+    if skipped >= config.train.max_nonfinite_steps:
+        raise NonFiniteUpdate(
+            f"iteration {iteration}: {skipped}/{total} optimizer steps had a non-finite loss or gradient "
+            f"(train.max_nonfinite_steps={config.train.max_nonfinite_steps}); the run stops before saving this "
+            "update. Look at the iteration's trajectories (log-probs, rewards) and lower train.lr; the same --run-id "
+            "resumes from the last saved state")
 
 
 @task(name="sync-weights", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=600)

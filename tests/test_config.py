@@ -187,3 +187,26 @@ def test_reward_options_reach_the_verifiers_and_the_floor_is_parsed():
     assert cfg.reward.verifier_options() == {"code": {"scoring": "all"}}
     assert cfg.reward.required_sandbox_components() == ("seccomp", "rlimits")
     assert RunConfig().reward.required_sandbox_components() == ("bwrap", "seccomp", "uid", "rlimits", "cgroup")
+
+
+@pytest.mark.parametrize("override,path,words", [
+    ("rollout.top_p=0.9", "rollout.top_p", "use 1.0"),
+    ("rollout.temperature=0", "rollout.temperature", "temperature > 0"),
+    ("train.zero_stage=3", "train.zero_stage", "ZeRO stage 3 is refused"),
+    ("train.tis_cap=0", "train.tis_cap", "greater than 0"),
+])
+def test_settings_the_trainer_cannot_honour_are_refused(override, path, words):
+    found = problems(None, [override])
+    assert path in found and words in found[path], found
+
+
+def test_each_algorithm_gets_its_own_clip_range_unless_one_is_set():
+    def clip(*sets):
+        kw = load_config(None, list(sets)).train.loss_kwargs()
+        return kw["clip_low"], kw["clip_high"]
+
+    assert clip("train.algorithm=grpo") == (0.2, 0.2)
+    assert clip("train.algorithm=gspo") == (3e-4, 4e-4)  # not PPO's 0.2, which would never clip a sequence ratio
+    assert clip("train.algorithm=dapo") == (0.2, 0.28)
+    assert clip("train.algorithm=gspo", "train.clip_ratio=0.001") == (0.001, 0.001)
+    assert clip("train.algorithm=dapo", "train.clip_ratio_high=0.3") == (0.2, 0.3)

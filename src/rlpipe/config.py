@@ -261,10 +261,26 @@ class TrainConfig(_Strict):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of token rewards (gae, reinforce_pp).")
     lam: float = Field(0.95, ge=0, le=1, description="GAE λ (gae).")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
-    clip_ratio: float = Field(0.2, gt=0, description="PPO clip range ε of the importance ratio.")
+    clip_ratio: float | None = Field(
+        None, gt=0, description="PPO clip range ε of the importance ratio; default: the algorithm's own (0.2; gspo "
+        "3e-4/4e-4 and dapo 0.2/0.28 as low/high)."
+    )
     clip_ratio_low: float | None = Field(None, gt=0, description="Lower clip range ε_low; default: clip_ratio.")
     clip_ratio_high: float | None = Field(
         None, gt=0, description="Upper clip range ε_high (DAPO 'clip-higher': larger than ε_low); default: clip_ratio."
+    )
+    tis_cap: float | None = Field(
+        None, gt=0, description="Truncated importance sampling (as verl and slime): the trainer recomputes the "
+        "old log-probs and weights each token's loss by min(π_trainer/π_sampler, tis_cap), correcting the "
+        "train/inference mismatch; null: off (the sampler's log-probs are the old policy)."
+    )
+    mismatch_threshold: float = Field(
+        0.1, gt=0, description="Train/inference mismatch: the share of sampled tokens whose |log π_trainer − "
+        "log π_sampler| exceeds this is logged each iteration (mismatch/share_above)."
+    )
+    max_nonfinite_steps: int = Field(
+        3, ge=1, description="A mini-batch whose loss or gradient is not finite is skipped (counted, alerted); "
+        "this many skipped in one iteration stops the run."
     )
     dual_clip: float | None = Field(
         None, gt=1, description="Dual-clip bound c > 1: tokens with negative advantage lose at most −A·c (null: off)."
@@ -276,7 +292,10 @@ class TrainConfig(_Strict):
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (only built for 'gae').")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
     micro_batch_size: int = Field(64, ge=1, description="Completions per forward/backward (per rank).")
-    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
+    zero_stage: int = Field(
+        0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0, 1 or 2 (3 is refused: it partitions the parameters "
+        "themselves and the weight export does not gather them)."
+    )
     total_iterations: int = Field(40, ge=1, description="RL iterations (one Prefect flow run each).")
     save_interval: int = Field(10, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
     eval_interval: int = Field(5, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
@@ -296,9 +315,18 @@ class TrainConfig(_Strict):
     def advantage_kwargs(self) -> dict[str, object]:
         return {"norm_by_std": self.norm_adv_by_std, "gamma": self.gamma, "lam": self.lam}
 
+    def clip_range(self) -> tuple[float, float]:
+        """(ε_low, ε_high): explicit keys first, then clip_ratio, then the algorithm's published range."""
+        from rlpipe.algorithms import algorithm
+
+        low, high = algorithm(self.algorithm).get("clip", (0.2, 0.2))
+        if self.clip_ratio is not None:
+            low = high = self.clip_ratio
+        return self.clip_ratio_low or low, self.clip_ratio_high or high
+
     def loss_kwargs(self) -> dict[str, object]:
-        return {"clip_low": self.clip_ratio_low or self.clip_ratio, "clip_high": self.clip_ratio_high or self.clip_ratio,
-                "dual_clip": self.dual_clip}
+        low, high = self.clip_range()
+        return {"clip_low": low, "clip_high": high, "dual_clip": self.dual_clip}
 
     @property
     def uses_reference(self) -> bool:
@@ -320,6 +348,9 @@ class TrainConfig(_Strict):
             raise ValueError(f"unknown policy_loss {self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}")
         if self.kl_target is not None and self.kl_coef <= 0:
             raise ValueError("kl_target (adaptive KL) needs a starting kl_coef > 0, e.g. 0.01")
+        if self.zero_stage == 3:
+            raise ValueError("@zero_stage@ZeRO stage 3 is refused: it partitions the parameters, and the weight export "
+                             "(sync, checkpoints) does not gather them; use 0, 1 or 2")
         return self
 
 
@@ -377,6 +408,13 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if self.rollout.temperature == 0:
+            raise ValueError("@rollout.temperature@0 (greedy) cannot train with RL: a greedy sample has no "
+                             "log-probability under the policy the trainer differentiates; use a temperature > 0 "
+                             "(1.0 is the usual)")
+        if self.rollout.top_p < 1:
+            raise ValueError(f"@rollout.top_p@{self.rollout.top_p} truncates the sampler's distribution, which the "
+                             "trainer's log-probs do not reproduce (the importance ratio would be wrong); use 1.0")
         buf = self.reward.overlong_buffer
         if buf is not None and buf >= self.rollout.max_new_tokens:
             raise ValueError(

@@ -20,10 +20,10 @@ def test_every_mode_hand_computed():
     # token_mean          (1 + 2 + 4) / 3 tokens          = 7/3
     # seq_mean_token_sum  (3 + 4) / 2 sequences           = 3.5    (a masked row is no sequence)
     # seq_mean_token_mean (3/2 + 4/1) / 2                 = 2.75
-    # constant (c = 4)    (1 + 2 + 4) / (2 sequences · 4) = 0.875
+    # constant (c = 4)    (1 + 2 + 4) / (3 sequences · 4) = 7/12  (Dr.GRPO: every sequence counts, masked or not)
     x = torch.arange(1.0, 10.0, dtype=D).reshape(3, 3)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
-    want = {"token_mean": 7 / 3, "seq_mean_token_sum": 3.5, "seq_mean_token_mean": 2.75, "constant": 0.875}
+    want = {"token_mean": 7 / 3, "seq_mean_token_sum": 3.5, "seq_mean_token_mean": 2.75, "constant": 7 / 12}
     for mode in MODES:
         assert math.isclose(float(aggregate(x, mask, agg_for(mode))), want[mode], rel_tol=1e-12), mode
     assert math.isclose(float(aggregate(x, mask)), 7 / 3, rel_tol=1e-12)  # default is token_mean
@@ -36,6 +36,8 @@ def test_every_mode_hand_computed():
 
 def aggregate_reference(x, mask, mode, constant=4.0):
     rows = [[x[i][k] for k in range(len(x[i])) if mask[i][k]] for i in range(len(x))]
+    if mode == "constant":
+        return sum(sum(r) for r in rows) / (len(x) * constant)  # Dr.GRPO: every row counts, masked or not
     rows = [r for r in rows if r]
     tokens = sum(len(r) for r in rows)
     if mode == "token_mean":
@@ -44,7 +46,7 @@ def aggregate_reference(x, mask, mode, constant=4.0):
         return sum(sum(r) for r in rows) / len(rows)
     if mode == "seq_mean_token_mean":
         return sum(sum(r) / len(r) for r in rows) / len(rows)
-    return sum(sum(r) for r in rows) / (len(rows) * constant)
+    raise ValueError(mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -65,7 +67,8 @@ def test_aggregation_is_split_invariant_with_the_whole_batch_counts(mode):
     lengths = torch.tensor([6, 5, 6, 4, 1, 0, 2, 3])
     mask = (torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)).float()
     whole = aggregate(x, mask, agg_for(mode))
-    counts = {"num_tokens": float(mask.sum()), "num_seqs": 7.0}  # 27 tokens; row 5 is no sequence
+    # 27 tokens; row 5 is no sequence, except for the constant normaliser, which counts all 8 rows
+    counts = {"num_tokens": float(mask.sum()), "num_seqs": 8.0 if mode == "constant" else 7.0}
     for cut in (4, 1, 7):  # halves, and a lopsided split
         agg = agg_for(mode, **counts)
         parts = aggregate(x[:cut], mask[:cut], agg) + aggregate(x[cut:], mask[cut:], agg)
@@ -110,13 +113,16 @@ def test_fully_masked_rows_change_no_loss_in_any_mode():
     pad = lambda x, fill: torch.cat([x, torch.full((2, 5), fill, dtype=x.dtype)])  # noqa: E731
     for mode in MODES:
         agg = agg_for(mode)
+        # Dr.GRPO's constant normaliser counts the two empty rows too (4 → 6 sequences): the values
+        # of the masked tokens still change nothing.
+        scale = 4 / 6 if mode == "constant" else 1.0
         for name in ("ppo_clip", "gspo"):
             a = policy_loss(name, new, old, adv, mask, agg=agg, clip_low=0.1)[0]
             b = policy_loss(name, pad(new, 5.0), pad(old, -30.0), pad(adv, 1e6), pad(mask, 0.0), agg=agg, clip_low=0.1)[0]
-            assert torch.allclose(a, b, rtol=1e-12, atol=0), (name, mode)
+            assert torch.allclose(a * scale, b, rtol=1e-12, atol=0), (name, mode)
         a = value_loss(new, old, adv, mask, agg=agg)[0]
         b = value_loss(pad(new, 1e3), pad(old, -1e3), pad(adv, 1e6), pad(mask, 0.0), agg=agg)[0]
-        assert torch.allclose(a, b, rtol=1e-12, atol=0), ("value", mode)
+        assert torch.allclose(a * scale, b, rtol=1e-12, atol=0), ("value", mode)
 
 
 def test_loss_agg_validates_its_settings():

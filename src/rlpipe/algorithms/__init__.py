@@ -6,6 +6,8 @@ override any of the three. The presets in ``configs/`` add each method's publish
 (clip ranges, KL placement, sampling rules).
 """
 
+from typing import Any
+
 from rlpipe.algorithms.advantages import (
     ADVANTAGES, NEEDS_CRITIC, AdvantageInput, AdvantageOutput, compute_advantages, register_advantage,
 )
@@ -16,11 +18,13 @@ from rlpipe.algorithms.losses import (
     AGG_MODES, POLICY_LOSSES, LossAgg, aggregate, explained_variance, policy_loss, register_policy_loss, value_loss,
 )
 
-ALGORITHMS: dict[str, dict[str, str]] = {
+# "clip": the method's published (ε_low, ε_high), used unless the config sets a clip range;
+# without it, PPO's 0.2.
+ALGORITHMS: dict[str, dict[str, Any]] = {
     "grpo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
     "dr_grpo": {"advantage": "dr_grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "constant"},
-    "dapo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
-    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg_mode": "seq_mean_token_mean"},
+    "dapo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean", "clip": (0.2, 0.28)},
+    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg_mode": "seq_mean_token_mean", "clip": (3e-4, 4e-4)},
     "rloo": {"advantage": "rloo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
     "reinforce_pp": {"advantage": "reinforce_pp", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
     "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
@@ -28,7 +32,7 @@ ALGORITHMS: dict[str, dict[str, str]] = {
 }
 
 
-def algorithm(name: str) -> dict[str, str]:
+def algorithm(name: str) -> dict[str, Any]:
     try:
         return ALGORITHMS[name]
     except KeyError:

@@ -34,3 +34,25 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
         logits = logits / temperature
     logp = logits.log_softmax(-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """mean / std / min / max of ``x`` where ``mask`` is 1 (empty mask: zeros)."""
+    vals = x[mask > 0].double()
+    if vals.numel() == 0:
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+    return {"mean": float(vals.mean()), "std": float(vals.std(unbiased=False)), "min": float(vals.min()),
+            "max": float(vals.max())}
+
+
+def logprob_gap(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, threshold: float) -> dict[str, float]:
+    """Train/inference mismatch on the sampled tokens: (B, T) log-probs of the same tokens under the
+    trainer and under the sampler. ``abs_mean`` / ``abs_max`` of |Δ|, ``share_above``: share of tokens with
+    |Δ| > threshold, ``kl``: mean of sampler − trainer (an estimate of KL(sampler ‖ trainer))."""
+    diff = (trainer - sampler).double()
+    on = mask > 0
+    if not bool(on.any()):
+        return {"abs_mean": 0.0, "abs_max": 0.0, "share_above": 0.0, "kl": 0.0}
+    d = diff[on]
+    return {"abs_mean": float(d.abs().mean()), "abs_max": float(d.abs().max()),
+            "share_above": float((d.abs() > threshold).double().mean()), "kl": float((-d).mean())}

@@ -40,8 +40,9 @@ class LossAgg:
     seq_mean_token_mean: Σ_i (Σ_t x / |o_i|) / (sequences in the mini-batch)
     constant:            Σ_{i,t} x / (sequences × ``constant``)  — Dr.GRPO, constant = max response length
 
-    ``num_tokens`` / ``num_seqs`` are the mini-batch's counts (a sequence counts when it has at least one
-    masked-in token); ``None`` means "this call's own counts".
+    ``num_tokens`` / ``num_seqs`` are the mini-batch's counts; ``None`` means "this call's own counts".
+    A sequence counts when it has at least one masked-in token, except under ``constant``, where every
+    sequence of the mini-batch counts (the normaliser must not depend on the mask).
     """
 
     mode: str = "token_mean"
@@ -63,21 +64,34 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, agg: LossAgg | None = None) -
     if agg.mode == "token_mean":
         n = mask.sum() if agg.num_tokens is None else torch.tensor(agg.num_tokens, dtype=x.dtype)
         return (x * mask).sum() / n.clamp_min(1.0)
+    if agg.mode == "constant":
+        # Dr.GRPO: a constant normaliser. Every sequence of the mini-batch counts, also one whose tokens
+        # are all masked out (e.g. a truncated response under mask_truncated): counting only the
+        # sequences left after masking would make the normaliser depend on the data again.
+        seqs = float(mask.shape[0]) if agg.num_seqs is None else float(agg.num_seqs)
+        return (x * mask).sum() / (max(seqs, 1.0) * float(agg.constant))
     seqs = (mask.sum(-1) > 0).sum().to(x.dtype) if agg.num_seqs is None else torch.tensor(agg.num_seqs, dtype=x.dtype)
     seqs = seqs.clamp_min(1.0)
     if agg.mode == "seq_mean_token_sum":
         return (x * mask).sum() / seqs
     if agg.mode == "seq_mean_token_mean":
         return ((x * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)).sum() / seqs
-    return (x * mask).sum() / (seqs * float(agg.constant))
 
 
 def _ratio_metrics(log_ratio: torch.Tensor, ratio: torch.Tensor, clipped_mask: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    on = mask > 0
     return {
         "clip_frac": masked_mean(clipped_mask.to(mask.dtype), mask),
         "approx_kl_old": masked_mean(0.5 * log_ratio**2, mask),
         "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": ratio[on].max() if on.any() else torch.tensor(1.0),
+        "ratio_min": ratio[on].min() if on.any() else torch.tensor(1.0),
     }
+
+
+def _weighted(per_token: torch.Tensor, is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token importance weights (truncated IS against the sampler), constants for the gradient."""
+    return per_token if is_weights is None else per_token * is_weights.detach()
 
 
 def _clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip):
@@ -106,6 +120,7 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float | None = None,
     dual_clip: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level PPO clipped surrogate (Schulman et al. 2017, eq. 7), as used by GRPO and DAPO.
 
@@ -113,12 +128,13 @@ def ppo_clip_loss(
     the policy that sampled a_t; advantages: (B, T); mask: (B, T) 1 where the token takes part.
     per token: max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)), ρ = exp(logπ_θ − logπ_old); with dual clip
     c, tokens with A < 0 take min(that, −A·c). ``clip_high`` defaults to ``clip_low``.
+    ``is_weights``: (B, T) per-token weights (truncated importance sampling), or None.
     """
     mask = mask.to(logprobs.dtype)
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     per_token, was_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_low if clip_high is None else clip_high, dual_clip)
-    loss = aggregate(per_token, mask, agg)
+    loss = aggregate(_weighted(per_token, is_weights), mask, agg)
     with torch.no_grad():
         metrics = _ratio_metrics(log_ratio, ratio, was_clipped, mask)
     return loss, metrics
@@ -135,6 +151,7 @@ def gspo_loss(
     clip_low: float = 3e-4,
     clip_high: float | None = 4e-4,
     dual_clip: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (Zheng et al. 2025): clip the length-normalised *sequence* ratio
     s_i = exp(Σ_t m·(logπ_θ − logπ_old) / |o_i|), not each token's.
@@ -149,7 +166,7 @@ def gspo_loss(
     token_log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(token_log_ratio.clamp(max=10.0))
     per_token, was_clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_low if clip_high is None else clip_high, dual_clip)
-    loss = aggregate(per_token, mask, agg)
+    loss = aggregate(_weighted(per_token, is_weights), mask, agg)
     with torch.no_grad():
         metrics = _ratio_metrics(log_ratio, ratio, was_clipped, mask)
     return loss, metrics

@@ -120,10 +120,11 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        # NaN and ±inf are logged as they are (MLflow stores them): a non-finite loss must be seen.
         items = [
             Metric(k, float(v), now, step)
             for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
         if items:
             self.client.log_batch(mlflow_run_id, metrics=items)

@@ -36,7 +36,7 @@ from rlpipe.algorithms import (
     NEEDS_CRITIC, AdvantageInput, LossAgg, aggregate, compute_advantages, explained_variance, kl_controller,
     kl_penalty, policy_loss, value_loss,
 )
-from rlpipe.algorithms.functional import entropy_from_logits, token_logprobs
+from rlpipe.algorithms.functional import entropy_from_logits, logprob_gap, masked_mean, masked_stats, token_logprobs
 from rlpipe.config import TrainConfig
 from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256, rng_state, set_rng_state
 
@@ -123,6 +123,44 @@ def _collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[f
     return _Micro(ids, att, ids[:, 1:], mask, action, tok)
 
 
+def _skipped_step(engine: Any) -> None:
+    """Close the accumulation window without an optimizer step (ZeRO 0): the gradients are dropped and
+    the optimizer's ``step`` is bypassed for this call, so weights and Adam moments stay as they were."""
+    for p in engine.module.parameters():
+        if p.grad is not None:
+            p.grad.zero_()  # finite, so DeepSpeed's gradient clipping still runs
+    opt = engine.optimizer
+    opt.step = lambda *args, **kwargs: None  # an instance attribute shadows the class's step
+    try:
+        engine.step()
+    finally:
+        del opt.step
+
+
+@dataclass
+class _Prepared:
+    """An iteration's inputs to the optimizer steps, fixed before the first one."""
+
+    per_token: dict[str, list[list[float]]]  # response-aligned: old_logprobs, advantages, (is_weights, ref_logprobs, …)
+    train_masks: list[list[int]]
+    beta: float
+    rollout_kl: float | None
+    values: torch.Tensor | None
+    returns: torch.Tensor | None
+    action: torch.Tensor
+    metrics: dict[str, float]
+
+
+def _merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
+    for key, v in stats.items():
+        if key in _MAX_KEYS:
+            into[key] = max(into.get(key, -math.inf), v)
+        elif key in _MIN_KEYS:
+            into[key] = min(into.get(key, math.inf), v)
+        else:
+            into[key] = into.get(key, 0.0) + v
+
+
 def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     """Response-aligned (N, width) tensor from ragged per-sample lists (zero padded)."""
     out = torch.zeros((len(rows), width), dtype=torch.float32)
@@ -135,7 +173,10 @@ def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
 # Summed over micro-batches and ranks: *_sum are per-mini-batch loss values (divided by the step
 # count), *_tok are token-weighted (divided by the token count).
 _STAT_KEYS = ("pg_loss_sum", "kl_loss_sum", "entropy_loss_sum", "vf_loss_sum", "tokens", "critic_tokens",
-              "clip_frac_tok", "approx_kl_old_tok", "entropy_tok", "vf_clip_frac_tok", "value_mse_tok")
+              "clip_frac_tok", "approx_kl_old_tok", "entropy_tok", "vf_clip_frac_tok", "value_mse_tok", "ratio_tok")
+# Reduced with max / min over micro-batches and ranks instead of summed.
+_MAX_KEYS = ("ratio_max",)
+_MIN_KEYS = ("ratio_min",)
 
 
 @dataclass
@@ -223,40 +264,56 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _precompute(self, samples: Sequence[Sample]) -> dict[str, list[list[float]]]:
-        """Reference log-probs and/or critic values of every sample, response-aligned."""
-        out: dict[str, list[list[float]]] = {}
-        if self.ref is None and self.critic is None:
-            return out
+        """Before any optimizer step: the trainer's own log-probs of the sampled tokens (the
+        train/inference mismatch, TIS), the reference log-probs and the critic's values, response-aligned."""
+        out: dict[str, list[list[float]]] = {"policy_logprobs": []}
         if self.ref is not None:
             out["ref_logprobs"] = []
         if self.critic is not None:
             out["values"] = []
             self.critic.module.eval()
+        self.engine.module.eval()
         step = self.cfg.micro_batch_size
         for start in range(0, len(samples), step):
             chunk = samples[start : start + step]
             micro = _collate(chunk, {}, self.tokenizer.pad_token_id)
-            ref_lp = self._forward(micro, self.ref)[0] if self.ref is not None else None
-            values = self._values(micro, self.critic.module) if self.critic is not None else None
+            found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]}
+            if self.ref is not None:
+                found["ref_logprobs"] = self._forward(micro, self.ref)[0]
+            if self.critic is not None:
+                found["values"] = self._values(micro, self.critic.module)
             for i, s in enumerate(chunk):
                 p, r = len(s.prompt_ids), len(s.response_ids)
-                if ref_lp is not None:
-                    out["ref_logprobs"].append(ref_lp[i, p - 1 : p - 1 + r].tolist())
-                if values is not None:
-                    out["values"].append(values[i, p - 1 : p - 1 + r].tolist())
+                for key, t in found.items():
+                    out[key].append(t[i, p - 1 : p - 1 + r].tolist())
         return out
+
+    @torch.no_grad()
+    def sequence_logprobs(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+        """log π(c_t | prompt, c_<t) of each continuation token under the trainer's weights at temperature 1
+        (the weight-sync probe compares these with the engine's)."""
+        samples = [Sample(list(p), list(c), [0.0] * len(c), 0.0, i) for i, (p, c) in enumerate(zip(prompts, continuations))]
+        was_training = self.engine.module.training
+        self.engine.module.eval()
+        micro = _collate(samples, {}, self.tokenizer.pad_token_id)
+        logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+        lp = token_logprobs(logits, micro.targets, 1.0)
+        self.engine.module.train(was_training)
+        return [lp[i, len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.response_ids)].tolist() for i, s in enumerate(samples)]
 
     def _micro_loss(self, micro: _Micro, agg: LossAgg, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs, logits = self._forward(micro, self.engine)
         scale = self.gas * self.world  # undo DeepSpeed's mean over accumulation steps and ranks
         pg, pm = policy_loss(
             self.parts["policy_loss"], logprobs, micro.tok["old_logprobs"], micro.tok["advantages"], micro.mask,
-            agg=agg, **self.cfg.loss_kwargs(),
+            agg=agg, is_weights=micro.tok.get("is_weights"), **self.cfg.loss_kwargs(),
         )
         loss = pg
         tokens = float(micro.mask.sum())
         stats = {"pg_loss_sum": float(pg.detach()), "tokens": tokens,
-                 "clip_frac_tok": float(pm["clip_frac"]) * tokens, "approx_kl_old_tok": float(pm["approx_kl_old"]) * tokens}
+                 "clip_frac_tok": float(pm["clip_frac"]) * tokens, "approx_kl_old_tok": float(pm["approx_kl_old"]) * tokens,
+                 "ratio_tok": float(pm["ratio_mean"]) * tokens, "ratio_max": float(pm["ratio_max"]),
+                 "ratio_min": float(pm["ratio_min"])}
         if self.cfg.entropy_coef > 0:
             ent = entropy_from_logits(logits, self.temperature)
             ent_term = aggregate(ent, micro.mask, agg)
@@ -288,21 +345,37 @@ class PolicyTrainer:
         return s.action_mask
 
     def update(self, samples: Sequence[Sample], iteration: int) -> dict[str, float]:
-        """One iteration's optimizer steps on scored samples; invalid ones are left out and counted."""
+        """One iteration's optimizer steps on scored samples; invalid ones are left out and counted.
+
+        A mini-batch whose loss or gradient is not finite is skipped (no parameter or optimizer-state
+        change) and counted in ``nonfinite_steps``."""
         valid = [s for s in samples if s.valid]
         metrics: dict[str, float] = {"samples": len(samples), "samples_excluded": len(samples) - len(valid)}
         if not valid:
-            return metrics | {"optimizer_steps": 0}
+            return metrics | {"optimizer_steps": 0, "nonfinite_steps": 0}
+        prep = self._prepare(valid)
+        sums, norms, steps, skipped = self._optimize(valid, prep, iteration)
+        metrics |= prep.metrics | self._summarise(sums, norms, steps, skipped, prep)
+        if prep.rollout_kl is not None:
+            self.kl_ctl.update(prep.rollout_kl, len(valid))
+        self.state["iteration"] = iteration
+        self.state["kl_controller"] = self.kl_ctl.state_dict()
+        return metrics
+
+    def _prepare(self, valid: Sequence[Sample]) -> "_Prepared":
+        """Everything fixed before the first optimizer step: mismatch, KL, advantages, per-token inputs."""
         pre = self._precompute(valid)
         width = max(1, max(len(s.response_ids) for s in valid))
         action = _aligned([s.action_mask for s in valid], width)
         old_lp = _aligned([s.old_logprobs for s in valid], width)
+        trainer_lp = _aligned(pre["policy_logprobs"], width)
+        metrics = {f"mismatch/{k}": v for k, v in logprob_gap(trainer_lp, old_lp, action, self.cfg.mismatch_threshold).items()}
         beta = self.kl_ctl.value
-        rollout_kl = None
-        penalty = None
+        rollout_kl, penalty = None, None
         if "ref_logprobs" in pre:
             token_kl = kl_penalty(old_lp, _aligned(pre["ref_logprobs"], width), self.cfg.kl_estimator) * action
             rollout_kl = float(token_kl.sum() / action.sum().clamp_min(1.0))
+            metrics["kl"] = rollout_kl
             if self.cfg.kl_in == "reward":
                 penalty = beta * token_kl
         values = _aligned(pre["values"], width) if "values" in pre else None
@@ -313,22 +386,36 @@ class PolicyTrainer:
             response_mask=action, token_penalty=penalty, values=values,
         )
         adv_out = compute_advantages(self.parts["advantage"], adv_in, **self.cfg.advantage_kwargs())
+        metrics |= {f"advantage/{k}": v for k, v in masked_stats(adv_out.advantages, action).items()}
+        metrics |= {f"adv_{k}": v for k, v in adv_out.metrics.items()}
         lengths = [len(s.response_ids) for s in valid]
-        per_token: dict[str, list[list[float]]] = {
-            "old_logprobs": [s.old_logprobs for s in valid],
-            "advantages": [adv_out.advantages[i, : n].tolist() for i, n in enumerate(lengths)],
-        }
+
+        def rows(t: torch.Tensor) -> list[list[float]]:
+            return [t[i, :n].tolist() for i, n in enumerate(lengths)]
+
+        per_token: dict[str, list[list[float]]] = {"old_logprobs": [s.old_logprobs for s in valid],
+                                                   "advantages": rows(adv_out.advantages)}
+        if self.cfg.tis_cap is not None:
+            # Truncated importance sampling (as verl and slime): the PPO ratio is taken against the
+            # trainer's own log-probs before the update, and each token's loss is weighted by
+            # min(π_trainer/π_sampler, cap), which corrects for sampling with a slightly different policy.
+            per_token["old_logprobs"] = pre["policy_logprobs"]
+            raw = torch.exp((trainer_lp - old_lp).clamp(-20.0, 20.0))
+            per_token["is_weights"] = rows(raw.clamp(max=self.cfg.tis_cap))
+            metrics |= {"tis/weight_mean": float(masked_mean(raw.clamp(max=self.cfg.tis_cap), action)),
+                        "tis/capped_share": float(masked_mean((raw > self.cfg.tis_cap).float(), action))}
         if "ref_logprobs" in pre:
             per_token["ref_logprobs"] = pre["ref_logprobs"]
         if self.critic is not None:
             per_token["old_values"] = pre["values"]
-            per_token["returns"] = [adv_out.returns[i, : n].tolist() for i, n in enumerate(lengths)]
-        train_masks = [self._train_mask(s) for s in valid]
+            per_token["returns"] = rows(adv_out.returns)
+        return _Prepared(per_token, [self._train_mask(s) for s in valid], beta, rollout_kl, values,
+                         adv_out.returns, action, metrics)
 
+    def _optimize(self, valid: Sequence[Sample], prep: "_Prepared", iteration: int) -> tuple[dict[str, float], dict[str, list[float]], int, int]:
         sums: dict[str, float] = {}
-        grad_norms: list[float] = []
-        critic_norms: list[float] = []
-        steps = 0
+        norms: dict[str, list[float]] = {"policy": [], "critic": []}
+        steps = skipped = 0
         self.engine.train()
         if self.critic is not None:
             self.critic.train()
@@ -337,74 +424,115 @@ class PolicyTrainer:
             order = list(range(len(valid)))
             random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch).shuffle(order)
             for start in range(0, len(order), self.cfg.batch_size):
-                idx = order[start : start + self.cfg.batch_size]
-                n_tok = float(sum(sum(train_masks[i]) for i in idx))
-                n_seq = float(sum(1 for i in idx if sum(train_masks[i]) > 0))
-                agg = LossAgg(self.parts["loss_agg_mode"], n_tok, n_seq, self.agg_constant)
-                critic_agg = LossAgg("token_mean", float(sum(sum(valid[i].action_mask) for i in idx)))
-                slots = np.array_split(np.array(idx), self.gas * self.world)
-                for k in range(self.gas):
-                    slot = [int(i) for i in slots[k * self.world + self.rank]]
-                    stats: dict[str, float] = {}
-                    if slot:
-                        micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in per_token.items()},
-                                         self.tokenizer.pad_token_id, [train_masks[i] for i in slot])
-                        loss, stats = self._micro_loss(micro, agg, beta)
-                    else:  # an empty slot still takes part in the collective step
-                        loss = sum(p.sum() for p in self.engine.module.parameters()) * 0.0
-                    self.engine.backward(loss)
-                    if k == self.gas - 1 and self.cfg.zero_stage == 0:
-                        grad_norms.append(self._grad_norm(self.engine))
-                    self.engine.step()
-                    if self.critic is not None:
-                        if slot:
-                            vloss, vstats = self._critic_loss(micro, critic_agg)
-                            stats |= vstats
-                        else:
-                            vloss = sum(p.sum() for p in self.critic.module.parameters()) * 0.0
-                        self.critic.backward(vloss)
-                        if k == self.gas - 1 and self.cfg.zero_stage == 0:
-                            critic_norms.append(self._grad_norm(self.critic))
-                        self.critic.step()
-                    for key, v in stats.items():
-                        sums[key] = sums.get(key, 0.0) + v
-                if self.cfg.zero_stage > 0:
-                    grad_norms.append(self._ds_grad_norm(self.engine))
-                    if self.critic is not None:
-                        critic_norms.append(self._ds_grad_norm(self.critic))
+                ok = self._minibatch(valid, prep, order[start : start + self.cfg.batch_size], sums, norms)
                 steps += 1
+                skipped += 0 if ok else 1
+        return sums, norms, steps, skipped
+
+    def _minibatch(self, valid: Sequence[Sample], prep: "_Prepared", idx: list[int], sums: dict[str, float],
+                   norms: dict[str, list[float]]) -> bool:
+        """One optimizer step over ``idx`` (GAS micro-batches × ranks); False when it was skipped."""
+        masks = prep.train_masks
+        n_tok = float(sum(sum(masks[i]) for i in idx))
+        # Dr.GRPO's constant normaliser counts every sequence; the other modes the ones with tokens.
+        n_seq = float(len(idx)) if self.parts["loss_agg_mode"] == "constant" else float(sum(1 for i in idx if sum(masks[i]) > 0))
+        agg = LossAgg(self.parts["loss_agg_mode"], n_tok, n_seq, self.agg_constant)
+        critic_agg = LossAgg("token_mean", float(sum(sum(valid[i].action_mask) for i in idx)))
+        slots = np.array_split(np.array(idx), self.gas * self.world)
+        finite = {"policy": True, "critic": True}
+        collected: dict[str, float] = {}
+        for k in range(self.gas):
+            slot = [int(i) for i in slots[k * self.world + self.rank]]
+            boundary = k == self.gas - 1
+            micro = None
+            if slot:
+                micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in prep.per_token.items()},
+                                 self.tokenizer.pad_token_id, [masks[i] for i in slot])
+                loss, stats = self._micro_loss(micro, agg, prep.beta)
+            else:  # an empty slot still takes part in the collective step
+                loss, stats = sum(p.sum() for p in self.engine.module.parameters()) * 0.0, {}
+            finite["policy"] &= bool(torch.isfinite(loss.detach()))
+            self.engine.backward(loss)
+            finite["policy"] = self._step(self.engine, boundary, finite["policy"], norms["policy"])
+            if self.critic is not None:
+                if micro is not None:
+                    vloss, vstats = self._critic_loss(micro, critic_agg)
+                    stats |= vstats
+                else:
+                    vloss = sum(p.sum() for p in self.critic.module.parameters()) * 0.0
+                finite["critic"] &= bool(torch.isfinite(vloss.detach()))
+                self.critic.backward(vloss)
+                finite["critic"] = self._step(self.critic, boundary, finite["critic"], norms["critic"])
+            _merge_stats(collected, stats)
+        ok = finite["policy"] and finite["critic"]
+        if ok:  # a skipped step's statistics are not averaged into the iteration's
+            _merge_stats(sums, collected)
+        return ok
+
+    def _step(self, engine: Any, boundary: bool, finite: bool, norms: list[float]) -> bool:
+        """``engine.step()``; at the accumulation boundary the step is skipped unless loss and gradient
+        are finite on every rank. Returns whether this mini-batch is (still) finite."""
+        if not boundary:
+            engine.step()
+            return finite
+        if self.cfg.zero_stage == 0:
+            norm = self._grad_norm(engine)
+            ok = self._all_ranks(finite and math.isfinite(norm))
+            if ok:
+                engine.step()
+            else:
+                _skipped_step(engine)
+        else:
+            engine.step()  # ZeRO 1/2: DeepSpeed skips a step whose gradient norm is not finite itself
+            norm = self._ds_grad_norm(engine)
+            ok = self._all_ranks(finite and math.isfinite(norm))
+        if ok:
+            norms.append(norm)
+        return ok
+
+    def _all_ranks(self, flag: bool) -> bool:
+        if self.world == 1:
+            return flag
+        import torch.distributed as dist
+
+        t = torch.tensor([0.0 if flag else 1.0])
+        dist.all_reduce(t)
+        return float(t) == 0.0
+
+    def _summarise(self, sums: dict[str, float], norms: dict[str, list[float]], steps: int, skipped: int,
+                   prep: "_Prepared") -> dict[str, float]:
         sums = self._all_reduce(sums)
+        done = steps - skipped
+        out: dict[str, float] = {"optimizer_steps": done, "nonfinite_steps": skipped, "kl_coef": prep.beta,
+                                 "tokens": sums.get("tokens", 0.0)}
+        if done == 0:
+            return out
         tokens = max(sums.get("tokens", 0.0), 1.0)
-        pg = sums.get("pg_loss_sum", 0.0) / steps
-        kl_loss = sums.get("kl_loss_sum", 0.0) / steps
-        ent_loss = sums.get("entropy_loss_sum", 0.0) / steps
-        metrics |= {
-            "optimizer_steps": steps,
-            "loss": pg + beta * kl_loss - self.cfg.entropy_coef * ent_loss,
+        pg = sums.get("pg_loss_sum", 0.0) / done
+        kl_loss = sums.get("kl_loss_sum", 0.0) / done
+        ent_loss = sums.get("entropy_loss_sum", 0.0) / done
+        out |= {
+            "loss": pg + prep.beta * kl_loss - self.cfg.entropy_coef * ent_loss,
             "pg_loss": pg,
             "kl_loss": kl_loss,
             "entropy": sums.get("entropy_tok", 0.0) / tokens,
             "clip_frac": sums.get("clip_frac_tok", 0.0) / tokens,
             "approx_kl_old": sums.get("approx_kl_old_tok", 0.0) / tokens,
-            "grad_norm": float(np.nanmean(grad_norms)) if grad_norms else float("nan"),
-            "tokens": sums.get("tokens", 0.0),
-            "kl_coef": beta,
-        } | {f"adv_{k}": v for k, v in adv_out.metrics.items()}
-        if rollout_kl is not None:
-            metrics["kl"] = rollout_kl
-            self.kl_ctl.update(rollout_kl, len(valid))
+            "ratio/mean": sums.get("ratio_tok", 0.0) / tokens,
+            "ratio/max": sums.get("ratio_max", 1.0),
+            "ratio/min": sums.get("ratio_min", 1.0),
+            "grad_norm": float(np.mean(norms["policy"])),
+        }
         if self.critic is not None:
             ctok = max(sums.get("critic_tokens", 0.0), 1.0)
-            metrics |= {
-                "vf_loss": sums.get("vf_loss_sum", 0.0) / steps,
+            out |= {
+                "vf_loss": sums.get("vf_loss_sum", 0.0) / done,
                 "vf_clip_frac": sums.get("vf_clip_frac_tok", 0.0) / ctok,
                 "value_mse": sums.get("value_mse_tok", 0.0) / ctok,
-                "explained_variance": explained_variance(values, adv_out.returns, action),
-                "critic_grad_norm": float(np.nanmean(critic_norms)) if critic_norms else float("nan"),
+                "explained_variance": explained_variance(prep.values, prep.returns, prep.action),
+                "critic_grad_norm": float(np.mean(norms["critic"])) if norms["critic"] else float("nan"),
             }
-        self.state["iteration"] = iteration
-        self.state["kl_controller"] = self.kl_ctl.state_dict()
-        return metrics
+        return out
 
     @staticmethod
     def _grad_norm(engine: Any) -> float:
@@ -423,7 +551,12 @@ class PolicyTrainer:
 
         t = torch.tensor([sums.get(k, 0.0) for k in _STAT_KEYS], dtype=torch.float64)
         dist.all_reduce(t)
-        return dict(zip(_STAT_KEYS, t.tolist()))
+        out = dict(zip(_STAT_KEYS, t.tolist()))
+        for keys, op, empty in ((_MAX_KEYS, dist.ReduceOp.MAX, -math.inf), (_MIN_KEYS, dist.ReduceOp.MIN, math.inf)):
+            t = torch.tensor([sums.get(k, empty) for k in keys], dtype=torch.float64)
+            dist.all_reduce(t, op=op)
+            out |= {k: v for k, v in zip(keys, t.tolist()) if math.isfinite(v)}
+        return out
 
     # -- weights and state ------------------------------------------------------------------
     @property

@@ -1,0 +1,80 @@
+"""The update's guards: train/inference mismatch measured before the first step, truncated importance
+sampling, and non-finite steps skipped without touching weights or optimizer state."""
+
+import math
+
+import pytest
+import torch
+
+from rlpipe.algorithms import AdvantageInput, compute_advantages
+from rlpipe.config import TrainConfig
+from rlpipe.training.trainer import PolicyTrainer, Sample
+
+
+def _trainer(model_dir, **cfg) -> PolicyTrainer:
+    torch.set_num_threads(1)
+    base = {"batch_size": 8, "micro_batch_size": 4, "lr": 1e-3}
+    return PolicyTrainer(model_dir=str(model_dir), cfg=TrainConfig(**(base | cfg)), seed=0, max_new_tokens=4)
+
+
+def _samples(trainer: PolicyTrainer, shift=lambda i, t: 0.0) -> list[Sample]:
+    """8 samples in 2 groups whose sampling log-probs are the trainer's own plus ``shift(i, t)``."""
+    prompts = [[5 + i, 6, 7] for i in range(8)]
+    responses = [[10 + i, 11, 12][: 1 + i % 3] for i in range(8)]
+    own = trainer.sequence_logprobs(prompts, responses)
+    rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    return [Sample(p, r, [lp + shift(i, t) for t, lp in enumerate(own[i])], rewards[i], i // 4)
+            for i, (p, r) in enumerate(zip(prompts, responses))]
+
+
+def test_mismatch_is_measured_on_the_sampled_tokens_before_any_step(tiny_checkpoint):
+    trainer = _trainer(tiny_checkpoint)
+    # Sample 0's first token differs by 0.5, sample 3's by 0.05; 15 response tokens in all (1,2,3,1,2,3,1,2).
+    shift = {(0, 0): 0.5, (3, 0): -0.05}
+    m = trainer.update(_samples(trainer, lambda i, t: shift.get((i, t), 0.0)), 0)
+    assert sum(1 + i % 3 for i in range(8)) == 15
+    assert m["mismatch/abs_max"] == pytest.approx(0.5, abs=1e-5)
+    assert m["mismatch/abs_mean"] == pytest.approx(0.55 / 15, abs=1e-5)
+    assert m["mismatch/share_above"] == pytest.approx(1 / 15)  # threshold 0.1
+    assert m["mismatch/kl"] == pytest.approx((0.5 - 0.05) / 15, abs=1e-5)
+    # The old log-probs are the sampler's: the ratio of sample 0's first token starts at e^-0.5.
+    assert m["ratio/min"] <= math.exp(-0.5) + 1e-3 and m["optimizer_steps"] == 1
+
+
+def test_truncated_importance_sampling_weights_each_token(tiny_checkpoint):
+    cap = 2.0
+    trainer = _trainer(tiny_checkpoint, tis_cap=cap)
+    # Tokens of samples 0 and 2 were 3× less likely under the sampler: weight min(3, 2) = 2.
+    samples = _samples(trainer, lambda i, t: -math.log(3.0) if i in (0, 2) else 0.0)
+    m = trainer.update(samples, 0)
+    weights = [[min(3.0, cap) if i in (0, 2) else 1.0] * len(s.response_ids) for i, s in enumerate(samples)]
+    flat = [w for row in weights for w in row]
+    assert m["tis/weight_mean"] == pytest.approx(sum(flat) / len(flat), abs=1e-5)
+    assert m["tis/capped_share"] == pytest.approx(sum(w == cap for w in flat) / len(flat))
+    # One step from the trainer's own log-probs (ratio 1): pg_loss = −Σ w·A / tokens.
+    width = 3
+    mask = torch.tensor([[1.0] * len(s.response_ids) + [0.0] * (width - len(s.response_ids)) for s in samples])
+    adv = compute_advantages("grpo", AdvantageInput(torch.tensor([s.reward for s in samples]), torch.tensor([s.group for s in samples]),
+                                                     torch.ones(8, dtype=torch.bool), mask)).advantages
+    w = torch.tensor([row + [0.0] * (width - len(row)) for row in weights])
+    assert m["pg_loss"] == pytest.approx(float(-(adv * w * mask).sum() / mask.sum()), abs=1e-5)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_non_finite_step_is_skipped_and_leaves_no_trace(tiny_checkpoint, zero):
+    a = _trainer(tiny_checkpoint, zero_stage=zero, batch_size=4)
+    good = _samples(a)
+    before = {k: v.clone() for k, v in a.module.state_dict().items()}
+    nan = [Sample(s.prompt_ids, s.response_ids, [float("nan")] * len(s.response_ids), s.reward, s.group) for s in good]
+    m = a.update(nan, 0)
+    assert m["nonfinite_steps"] == 2 and m["optimizer_steps"] == 0 and "loss" not in m
+    for k, v in a.module.state_dict().items():
+        assert torch.equal(v, before[k]), k  # weights untouched
+    if zero > 0:
+        return  # DeepSpeed's ZeRO optimizer skips the step itself; its internal state is its own business
+    # The optimizer state is untouched too: the next update lands where a fresh trainer's does.
+    a.update(good, 1)
+    b = _trainer(tiny_checkpoint, zero_stage=zero, batch_size=4)
+    b.update(good, 1)
+    for (name, pa), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
+        assert torch.equal(pa, pb), name
