@@ -67,6 +67,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         | {f"time/{k}": val for k, val in stages.items()}
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),
            "time/save_s": u["save_s"],
+           "sync/probe_max_abs_diff": s["probe_max_abs_diff"], "sync/probe_policy_change": s["probe_policy_change"],
+           "sync/readback_tensors": s["readback_tensors"],
            "throughput/generate_tokens_per_s": r.get("generate_tokens_per_s", 0.0),
            "throughput/verify_per_s": v.get("verify_per_s", 0.0),
            "throughput/train_tokens_per_s": u["train_tokens_per_s"],

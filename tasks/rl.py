@@ -95,15 +95,19 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     expected = file_weights_sha256(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
-    pool = _verifier_pool(config)
-    register_services(RunServices(
-        run_id=run_id, engine=engine, trainer=trainer, pool=pool, tokenizer=trainer.tokenizer,
+    svc = RunServices(
+        run_id=run_id, engine=engine, trainer=trainer, pool=None, tokenizer=trainer.tokenizer,
         train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows},
-    ))
+        validation_rows=[r for r in rows if r["split"] == "validation"],
+    )
+    proof = start_probe(svc, config)  # the engine and the trainer hold the same policy, shown on the engine
+    svc.pool = _verifier_pool(config)
+    pool = svc.pool
+    register_services(svc)
     log.info("services up in %.1f s (engine %s %.1f s, verifier %s); policy %s", time.perf_counter() - start,
              engine.name, engine_s, settings().verifier_url or f"{pool.size} local workers", expected[:12])
     return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start,
-            "sandbox_level": sandbox_level}
+            "sandbox_level": sandbox_level, "probe_max_abs_diff": proof}
 
 
 def _verifier_pool(config: RunConfig):
@@ -272,9 +276,39 @@ def _check_nonfinite(config: RunConfig, iteration: int, metrics: dict[str, float
             "resumes from the last saved state")
 
 
+def start_probe(svc: RunServices, config: RunConfig) -> float:
+    """Build the run's probe batch and check, on the engine, that it holds the trainer's policy."""
+    from rlpipe.rollout.probe import build_probe, default_tolerance
+
+    svc.info["probe"] = build_probe(svc.tokenizer, svc.train_rows,
+                                    lambda r: render_prompt(svc.tokenizer, r["prompt"], r["chat"]), seed=config.seed)
+    svc.info["probe_tol"] = config.rollout.sync_tolerance or default_tolerance(svc.engine.dtype)
+    return prove_sync(svc, "at start")["probe_max_abs_diff"]
+
+
+def prove_sync(svc: RunServices, when: str) -> dict[str, float]:
+    """max |Δ log-prob| between engine and trainer on the probe batch; a WeightSyncError above tolerance."""
+    from rlpipe.rollout.probe import max_gap
+
+    probe, tol = svc.info["probe"], svc.info["probe_tol"]
+    engine_lp = svc.engine.sequence_logprobs(probe.prompts, probe.continuations)
+    trainer_lp = svc.trainer.sequence_logprobs(probe.prompts, probe.continuations)
+    gap = max_gap(engine_lp, trainer_lp)
+    change = max_gap(engine_lp, svc.info["probe_last"]) if "probe_last" in svc.info else 0.0
+    if not gap <= tol:
+        raise WeightSyncError(
+            f"{when}: engine {svc.engine.name} and trainer disagree on the probe batch ({probe.tokens} tokens): "
+            f"max |Δ log-prob| {gap:.3g} > tolerance {tol:g}. The engine does not run the trainer's policy "
+            "(a stale, partial or wrongly repacked reload); set rollout.sync_tolerance only if the engine's dtype "
+            "explains the gap")
+    svc.info["probe_last"] = engine_lp
+    return {"probe_max_abs_diff": gap, "probe_policy_change": change, "probe_tokens": float(probe.tokens)}
+
+
 @task(name="sync-weights", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=600)
 def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dict[str, Any]) -> dict[str, Any]:
-    """Reload the trained weights into the engine in place; the engine's hash must equal the trainer's."""
+    """Reload the trained weights into the engine in place, then prove it: the engine's hash must equal
+    the trainer's export, and the engine's log-probs on the probe batch the trainer's."""
     svc = services(run_id)
     start = time.perf_counter()
     held = svc.engine.load_weights(update_ref["state_dir"])
@@ -283,7 +317,10 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
             f"iteration {iteration}: engine {svc.engine.name} holds {held[:12]} after reload, trainer exported "
             f"{update_ref['weights_sha256'][:12]}"
         )
-    return {"sync_s": time.perf_counter() - start, "policy_version": held}
+    proof = prove_sync(svc, f"iteration {iteration}")
+    fault_point(iteration, "sync")
+    return {"sync_s": time.perf_counter() - start, "policy_version": held,
+            "readback_tensors": float(getattr(svc.engine, "last_readback", 0))} | proof
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)

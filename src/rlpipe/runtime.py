@@ -22,7 +22,8 @@ class RunServices:
     train_rows: list[dict[str, Any]]
     test_rows: list[dict[str, Any]]
     ground_truth: dict[str, str | None]
-    info: dict[str, Any] = field(default_factory=dict)
+    validation_rows: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)  # the weight-sync probe and its last result
 
 
 _SERVICES: dict[str, RunServices] = {}

@@ -8,7 +8,7 @@ from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.engines import get_engine
 from rlpipe.runtime import RunServices, register_services, stop_services
 from rlpipe.training.checkpoint import file_weights_sha256
-from tasks.rl import sync_weights
+from tasks.rl import start_probe, sync_weights
 
 
 def perturbed(src, dst, scale=1.01):
@@ -40,9 +40,71 @@ def test_reload_in_place_is_hash_checked(kind, tiny_checkpoint, tmp_path):
         assert [o[0].text for o in engine.generate(ids, greedy)] == greedy_answers(model, tok, prompts, 6)
 
 
-def test_sync_task_fails_on_a_hash_mismatch(tiny_checkpoint, tmp_path):
+@pytest.fixture(scope="module")
+def trainer(tiny_checkpoint):
+    from rlpipe.config import TrainConfig
+    from rlpipe.training.trainer import PolicyTrainer
+
+    torch.set_num_threads(1)
+    return PolicyTrainer(model_dir=str(tiny_checkpoint), cfg=TrainConfig(batch_size=8, micro_batch_size=8), seed=0)
+
+
+def _services(run_id, engine, trainer):
+    from rlpipe.config import DataConfig, RunConfig
+    from rlpipe.data import build_arithmetic
+
+    rows = [r for r in build_arithmetic(DataConfig(test_size=10, validation_size=0)).to_pylist() if r["split"] == "train"][:50]
+    svc = RunServices(run_id, engine, trainer, None, engine.tokenizer, rows, [], {})
+    register_services(svc)
+    assert start_probe(svc, RunConfig()) <= 1e-4  # engine and trainer start from the same policy
+    return svc
+
+
+@pytest.mark.parametrize("kind", ["vllm", "hf"])
+def test_each_sync_is_proven_on_the_engine(kind, tiny_checkpoint, trainer, tmp_path):
+    engine = get_engine(kind, tiny_checkpoint, max_model_len=64)
+    _services(f"probe-{kind}", engine, trainer)
+    try:
+        digest = trainer.export_weights(tmp_path / "export")
+        out = sync_weights.fn(None, f"probe-{kind}", 0, {"state_dir": str(tmp_path / "export"), "weights_sha256": digest})
+        assert out["probe_max_abs_diff"] <= 1e-4 and out["readback_tensors"] >= 1 and out["probe_tokens"] >= 8
+    finally:
+        stop_services(f"probe-{kind}")
+
+
+def test_the_probe_catches_a_weight_the_read_back_cannot_see(tiny_checkpoint, trainer, tmp_path):
+    """On CPU vLLM keeps linear weights only in oneDNN's packed layout, so the read-back skips them and a
+    hash only proves which file was fed. Feed a file whose MLP weight differs from the trainer's: hash
+    and read-back pass, the probe on the engine does not."""
+    engine = get_engine("vllm", tiny_checkpoint, max_model_len=64)
+    svc = _services("probe-repacked", engine, trainer)
+    try:
+        trainer.export_weights(tmp_path / "export")
+        shutil.copytree(tmp_path / "export", tmp_path / "wrong")
+        w = load_file(tmp_path / "wrong" / "model.safetensors")
+        w["model.layers.0.mlp.down_proj.weight"] = w["model.layers.0.mlp.down_proj.weight"] * 1.2
+        save_file(w, tmp_path / "wrong" / "model.safetensors", metadata={"format": "pt"})
+        ref = {"state_dir": str(tmp_path / "wrong"), "weights_sha256": file_weights_sha256(tmp_path / "wrong")}
+        with pytest.raises(WeightSyncError, match="probe batch|different values") as e:
+            sync_weights.fn(None, "probe-repacked", 0, ref)
+        if not torch.cuda.is_available():
+            assert "probe batch" in str(e.value)  # what the hash and the read-back let through
+        assert engine.weights_sha256() == ref["weights_sha256"] and "probe_last" in svc.info
+        engine.load_weights(tmp_path / "export")
+    finally:
+        stop_services("probe-repacked")
+
+
+def test_a_read_back_that_compares_nothing_is_an_error(tiny_checkpoint, monkeypatch):
+    engine = get_engine("vllm", tiny_checkpoint, max_model_len=64)
+    monkeypatch.setattr(engine.llm, "apply_model", lambda fn: [(0, [])])
+    with pytest.raises(WeightSyncError, match="compared no tensor"):
+        engine.load_weights(tiny_checkpoint)
+
+
+def test_sync_task_fails_on_a_hash_mismatch(tiny_checkpoint, trainer, tmp_path):
     engine = get_engine("hf", tiny_checkpoint, max_model_len=64)
-    register_services(RunServices("sync-test", engine, None, None, engine.tokenizer, [], [], {}))
+    _services("sync-test", engine, trainer)
     try:
         ok = sync_weights.fn(None, "sync-test", 0, {"state_dir": str(tiny_checkpoint),
                                                     "weights_sha256": file_weights_sha256(tiny_checkpoint)})

@@ -96,8 +96,23 @@ class HFEngine:
         if self.model.config.tie_word_embeddings:
             self.model.tie_weights()
         held = {k: v for k, v in self.model.state_dict().items() if k in tensors}
-        self._sha = weights_sha256(held)
+        self._sha = weights_sha256(held)  # read back from the model itself: every tensor compared
+        self.last_readback = len(held)
         return self._sha
+
+    @torch.no_grad()
+    def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+        """log π(c_t | prompt, c_<t) of each continuation token at temperature 1 (the weight-sync probe)."""
+        out = []
+        for p, c in zip(prompts, continuations):
+            logits = self.model(input_ids=torch.tensor([p + c])).logits[0, :-1].float()
+            lp = logits.log_softmax(-1)
+            out.append([float(lp[len(p) - 1 + j, tok]) for j, tok in enumerate(c)])
+        return out
+
+    @property
+    def dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def weights_sha256(self) -> str:
         return self._sha

@@ -5,8 +5,8 @@ vLLM's in-place ``reload_weights`` without a restart. The proof that generation 
 just trained: the sha256 is computed over exactly the tensors vLLM's loader consumed (every
 tensor of the folder must be consumed), and every parameter vLLM still holds in plain form is
 read back and compared with what it was fed (on CUDA that is all of them; on CPU vLLM repacks
-linear weights for oneDNN, so those are covered by the consumed-stream hash only). The read-back
-assumes tensor parallel size 1.
+linear weights for oneDNN, so those are covered by the probe: :mod:`rlpipe.rollout.probe`). The read-back
+must compare at least one tensor and assumes tensor parallel size 1.
 """
 
 from __future__ import annotations
@@ -137,9 +137,27 @@ class VLLMEngine:
         compared, differ = self.llm.apply_model(lambda model: _readback(model, tensors))[0]
         if differ:
             raise WeightSyncError(f"after reload vLLM holds different values for {differ[:5]}")
+        if compared == 0:  # a read-back that compared nothing proves nothing (the probe must cover it all)
+            raise WeightSyncError(f"the read-back after reload compared no tensor of {len(tensors)}: names or layout "
+                                  "of the engine's parameters no longer match the checkpoint's")
         self._sha = weights_sha256(consumed)
         self.last_readback = compared
         return self._sha
+
+    def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+        """log π(c_t | prompt, c_<t) of each continuation token at temperature 1, from the engine's own forward
+        pass (vLLM's prompt log-probs): what the weight-sync probe compares with the trainer."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": p + c} for p, c in zip(prompts, continuations)], params,
+                                 use_tqdm=False)
+        return [[float(o.prompt_logprobs[len(p) + j][tok].logprob) for j, tok in enumerate(c)]
+                for o, p, c in zip(outs, prompts, continuations)]
+
+    @property
+    def dtype(self) -> str:
+        return str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
 
     def weights_sha256(self) -> str:
         return self._sha
