@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import time
 from pathlib import Path
 
 import pytest
 
 from rlpipe.sandbox import isolation_report
-from rlpipe.sandbox import _core
+from rlpipe.sandbox import _cgroup, _core
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +61,8 @@ def sandbox_processes() -> list[tuple[int, int, str]]:
     return out
 
 
-def launcher_descendants() -> list[tuple[int, str]]:
-    """Descendants of this test process that belong to the sandbox machinery."""
-    me = os.getpid()
+def process_tree(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live (non-zombie) descendant of `root`."""
     children: dict[int, list[int]] = {}
     names = {}
     for p in os.listdir("/proc"):
@@ -79,30 +79,61 @@ def launcher_descendants() -> list[tuple[int, str]]:
             names[int(p)] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             names[int(p)] = "?"
-    out, stack = [], list(children.get(me, []))
+    out, stack = [], list(children.get(root, []))
     while stack:
         pid = stack.pop()
-        cmd = names.get(pid, "")
-        if "_launcher.py" in cmd or "bwrap" in cmd or "main.py" in cmd:
-            out.append((pid, cmd[:120]))
+        out.append((pid, names.get(pid, "")[:120]))
         stack.extend(children.get(pid, []))
+    return out
+
+
+def launcher_descendants() -> list[tuple[int, str]]:
+    """Descendants of this test process that belong to the sandbox machinery."""
+    return [(pid, cmd) for pid, cmd in process_tree(os.getpid())
+            if "_launcher.py" in cmd or "bwrap" in cmd or "main.py" in cmd]
+
+
+def cgroups_of(owner: str | None) -> list[Path]:
+    """The run cgroups (in every base) whose name says `owner` (``<pid>-<start>``) made them."""
+    caps = _core._caps
+    if owner is None or caps is None or caps.cgroup is None:
+        return []
+    out = []
+    for base in caps.cgroup.bases:
+        try:
+            out += [p for p in base.iterdir() if p.is_dir() and _cgroup.owner_of(p.name) == owner]
+        except OSError:
+            pass
     return out
 
 
 def leftover_cgroups() -> list[str]:
     """This process's run cgroups that still hold a process (they are kept, empty, for reuse)."""
-    caps = _core._caps
-    if caps is None or caps.cgroup is None:
-        return []
     left = []
-    for base in caps.cgroup.bases:
+    for p in cgroups_of(_cgroup.owner_id()):
         try:
-            for p in base.iterdir():
-                if p.is_dir() and p.name.endswith(f"-{os.getpid()}") and (p / "cgroup.procs").read_text().strip():
-                    left.append(str(p))
+            if (p / "cgroup.procs").read_text().strip():
+                left.append(str(p))
         except OSError:
             pass
     return left
+
+
+def wait_for_exit(pidfds: list[int], timeout: float) -> bool:
+    """Wait until every process behind these pidfds has exited (a pidfd polls readable then)."""
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    pending = set(pidfds)
+    while pending:
+        left_ms = (deadline - time.monotonic()) * 1000
+        if left_ms <= 0:
+            return False
+        for fd, _ in poller.poll(left_ms):
+            pending.discard(fd)
+            poller.unregister(fd)
+    return True
 
 
 def wait_until_clean(timeout: float = 3.0) -> tuple[list, list, list]:

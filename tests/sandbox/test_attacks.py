@@ -23,8 +23,16 @@ from pathlib import Path
 import pytest
 
 from rlpipe.sandbox import SandboxLimits, run_python
-from rlpipe.sandbox import _core
-from tests.sandbox.conftest import last_json, need, sandbox_processes, wait_until_clean
+from rlpipe.sandbox import _cgroup, _core
+from tests.sandbox.conftest import (
+    cgroups_of,
+    last_json,
+    need,
+    process_tree,
+    sandbox_processes,
+    wait_for_exit,
+    wait_until_clean,
+)
 
 FULL = ("bwrap", "seccomp", "uid", "rlimits", "cgroup")
 
@@ -660,8 +668,23 @@ def test_runs_as_an_unprivileged_worker_uid_with_rlimits(report):
     assert out["nofile"][1] == 24 and out["nofile"][0] <= 32  # EMFILE
 
 
+def _wait_for_sandboxed_code(caller: subprocess.Popen, timeout: float = 30) -> list[tuple[int, str]]:
+    """The caller's run, once its code runs: [(pid, command line)] of launcher, bwrap, main.py."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tree = process_tree(caller.pid)
+        if any("main.py" in cmd for _, cmd in tree):
+            return tree
+        assert time.monotonic() < deadline, f"the sandbox never started: {tree}"
+        assert caller.poll() is None, "caller exited early"
+        time.sleep(0.05)
+
+
 def test_crash_of_the_caller_leaves_nothing_behind(report, tmp_path):
-    """rlpipe itself is SIGKILLed mid-run: its launcher notices and kills the sandbox."""
+    """rlpipe itself is SIGKILLed mid-run: its launcher, which outlives it, kills the sandbox and
+    removes the run's cgroups before it exits. The checks follow this caller's own run (pidfds on
+    its processes, its owner id), so other sandbox users on the host cannot blur them, and wait
+    for the launcher's exit rather than a guessed delay (the cleanup is asynchronous by design)."""
     need(report, "uid")
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent("""
@@ -671,24 +694,22 @@ def test_crash_of_the_caller_leaves_nothing_behind(report, tmp_path):
         run_python("import time\\ntime.sleep(60)", limits=SandboxLimits(wall_s=60))
     """))
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pidfds: list[int] = []
     try:
         assert caller.stdout.readline().strip() == "probed"
-        deadline = time.monotonic() + 30
-        while not any(name.startswith("python") for _, _, name in sandbox_processes()):
-            assert time.monotonic() < deadline, "the sandbox never started"
-            assert caller.poll() is None, "caller exited early"
-            time.sleep(0.05)
-        time.sleep(0.2)
+        run = _wait_for_sandboxed_code(caller)
+        assert sum("_launcher.py" in cmd for _, cmd in run) == 1, run
+        pidfds = [os.pidfd_open(pid) for pid, _ in run]
+        owner = _cgroup.owner_id(caller.pid)
+        if "cgroup" in report["level"].split("+"):
+            assert cgroups_of(owner), f"the run's cgroups (owner {owner}) were never made"
         caller.kill()
         caller.wait()
-        procs, _, _ = wait_until_clean(timeout=5.0)
-        assert procs == [], f"sandbox outlived its caller: {procs}"
-        caps = _core._caps
-        if caps is not None and caps.cgroup is not None:
-            for base in caps.cgroup.bases:
-                left = [p for p in base.iterdir() if p.name.endswith(f"-{caller.pid}")]
-                assert left == [], f"the crashed caller's cgroups were left: {left}"
+        assert wait_for_exit(pidfds, timeout=30), f"the run outlived its caller by 30 s: {run}"
+        assert cgroups_of(owner) == [], f"the crashed caller's cgroups were left: {cgroups_of(owner)}"
     finally:
+        for fd in pidfds:
+            os.close(fd)
         if caller.poll() is None:
             caller.kill()
             caller.wait()

@@ -6,6 +6,21 @@ v2: under ``<mount>/rlpipe-sandbox`` with ``+memory +pids`` delegated to it (nee
 root cgroup; inside a container whose namespace root holds processes this fails and the
 sandbox runs without a cgroup, saying so).
 
+Groups are named ``slot<N>-<pid>-<start>`` (``probe<ns>-<pid>-<start>`` while probing): the pid
+and start time (``/proc/<pid>/stat``, clock ticks since boot) of the rlpipe process that made them,
+so a group can always be told apart from one a dead process with a reused pid left behind. Who
+removes a group:
+
+* the process that made it, at exit (``atexit``; multiprocessing children, which leave through
+  ``os._exit``, by multiprocessing's own exit hook);
+* the run's launcher, when rlpipe died during a run: it outlives rlpipe, reaps the run and removes
+  the run's groups before it exits (retrying while the kernel still reports them busy);
+* anything else -- a process SIGKILLed between runs, a launcher killed too -- is swept by the next
+  rlpipe process that sets the sandbox up (:meth:`CgroupManager.remove_stale`, run by
+  :func:`detect`), or that takes over a slot a crashed run left dirty: every group whose owner is
+  no longer alive is emptied and removed. An owner rlpipe cannot see (another pid namespace sharing
+  the same cgroup base) looks dead: do not share a base across pid namespaces.
+
 Nothing here runs at import time.
 """
 
@@ -14,13 +29,53 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 BASE_NAME = "rlpipe-sandbox"
+# slot3-8422-1234567 (also the older slot3-8422, without the start time) and probe groups (the
+# older probe-<pid>-<ns> is not matched: its ns would pass for a start time).
+_GROUP_NAME = re.compile(r"^(?:slot\d+|probe\d+)-(?P<pid>\d+)(?:-(?P<start>\d+))?$")
+_RMDIR_WAIT_S = 2.0  # how long a removal waits for a group's last tasks to leave it
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of pid in clock ticks since boot (``/proc/<pid>/stat`` field 22); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_id(pid: int | None = None) -> str | None:
+    """``<pid>-<start>``: what names a process's groups (None when pid is not alive)."""
+    pid = os.getpid() if pid is None else pid
+    start = process_start(pid)
+    return None if start is None else f"{pid}-{start}"
+
+
+def owner_of(name: str) -> str | None:
+    """The owner id in a group's name (just the pid for an old-style name), or None."""
+    m = _GROUP_NAME.match(name)
+    return None if m is None else m["pid"] + (f"-{m['start']}" if m["start"] else "")
+
+
+def owner_alive(name: str) -> bool | None:
+    """Is the process that made group `name` still alive? None when `name` is not one of ours."""
+    m = _GROUP_NAME.match(name)
+    if m is None:
+        return None
+    start = process_start(int(m["pid"]))
+    if start is None:
+        return False
+    # An old-style name (no start time) cannot be told from a reused pid: alive if the pid is.
+    return m["start"] is None or int(m["start"]) == start
 
 
 def _mountinfo() -> list[tuple[str, str, str, set[str]]]:
@@ -155,18 +210,26 @@ class RunCgroup:
                 _kill_pid_in(pid, "/" + self.name)
             time.sleep(0.005)
 
-    def remove(self) -> None:
+    def remove(self, timeout: float = _RMDIR_WAIT_S) -> bool:
+        """rmdir the group; while the kernel says EBUSY (tasks still leaving), SIGKILL what is
+        listed and retry for up to `timeout` s. True when it is gone."""
+        deadline = time.monotonic() + timeout
+        gone = True
         for d in self.dirs:
-            for _ in range(100):
+            while True:
                 try:
                     os.rmdir(d)
                     break
                 except FileNotFoundError:
                     break
                 except OSError as e:
-                    if e.errno != errno.EBUSY:
+                    if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                        gone = False
                         break
-                    time.sleep(0.01)
+                for pid in _pids_in([d / "cgroup.procs"]):
+                    _kill_pid_in(pid, "/" + self.name)
+                time.sleep(0.01)
+        return gone
 
 
 class CgroupManager:
@@ -178,9 +241,9 @@ class CgroupManager:
         self.pids_base = pids_base
         self._lock = threading.Lock()
         self._made: dict[str, RunCgroup] = {}
-        self._owner = os.getpid()
-        self._atexit = False
+        self._hooked_pid = 0  # the process whose exit hooks are registered (a fork needs its own)
         self.made_bases: list[Path] = []
+        self._base_owner = os.getpid()
 
     @property
     def bases(self) -> list[Path]:
@@ -198,9 +261,9 @@ class CgroupManager:
                 d.mkdir(mode=0o755, exist_ok=True)
         with self._lock:
             self._made[name] = cg
-            if not self._atexit:
-                self._atexit = True
-                atexit.register(self._remove_all)
+            if self._hooked_pid != os.getpid():
+                self._hooked_pid = os.getpid()
+                self._hook_exit()
         if not cg.kill_all(timeout=2.0):
             raise OSError(errno.EBUSY, f"cgroup {name} still has processes from an earlier run")
         mem = cg.mem_dir
@@ -218,36 +281,48 @@ class CgroupManager:
         with self._lock:
             self._made.pop(name, None)
 
+    def _hook_exit(self) -> None:
+        """Remove this process's groups when it exits. atexit covers a normal exit; a
+        multiprocessing child (e.g. a verifier pool worker) leaves through os._exit, which skips
+        atexit but runs multiprocessing's own finalizers first."""
+        atexit.register(self._remove_all)
+        mp_util = sys.modules.get("multiprocessing.util")
+        mp = sys.modules.get("multiprocessing")
+        if mp_util is not None and mp is not None and mp.parent_process() is not None:
+            mp_util.Finalize(None, self._remove_all, exitpriority=100)
+
     def _remove_all(self) -> None:
-        if os.getpid() != self._owner:  # a forked child must not tear down its parent's groups
-            return
+        """Remove the groups this process made (a forked child inherits, and keeps its hands off,
+        its parent's: their names carry the parent's owner id)."""
+        me = owner_id()
         with self._lock:
-            groups = list(self._made.values())
-            self._made.clear()
+            mine = [n for n in self._made if me is not None and owner_of(n) == me]
+            groups = [self._made.pop(n) for n in mine]
         for cg in groups:
             if cg.kill_all(timeout=2.0):
                 cg.remove()
+        if os.getpid() != self._base_owner:
+            return
         for d in self.made_bases:  # only if empty: another rlpipe may be using it
             try:
                 os.rmdir(d)
             except OSError:
                 pass
 
-    def remove_stale(self, prefix: str, keep: str = "") -> int:
-        """Kill and remove groups named prefix* (left by a crashed rlpipe), except `keep`."""
-        n = 0
+    def remove_stale(self) -> int:
+        """Empty and remove every group whose owner is dead (left by an rlpipe process that was
+        killed, or whose launcher was). Returns how many were found."""
         names: set[str] = set()
         for b in self.bases:
             try:
-                names.update(p.name for p in b.iterdir() if p.is_dir() and p.name.startswith(prefix))
+                names.update(p.name for p in b.iterdir() if p.is_dir() and owner_alive(p.name) is False)
             except OSError:
                 pass
-        for name in names - {keep}:
+        for name in names:
             cg = RunCgroup(self.version, self.mem_base / name, self.pids_base / name, name)
             cg.kill_all(timeout=2.0)
             cg.remove()
-            n += 1
-        return n
+        return len(names)
 
 
 def _set_v1_memory(mem: Path, limit: int) -> None:
@@ -274,7 +349,8 @@ def _try_write(path: Path, value: str) -> None:
 
 
 def detect() -> tuple[CgroupManager | None, str]:
-    """A working manager and a description, or (None, why not). Creates the base dirs."""
+    """A working manager and a description, or (None, why not). Creates the base dirs and sweeps
+    the groups dead rlpipe processes left in them."""
     mounts = _mountinfo()
     own = _own_paths()
     v1 = {}
@@ -293,6 +369,7 @@ def detect() -> tuple[CgroupManager | None, str]:
         mgr = CgroupManager(1, v1["memory"], v1["pids"])
         ok, why = _probe(mgr)
         if ok:
+            mgr.remove_stale()
             return mgr, mgr.describe()
         reasons.append(f"v1: {why}")
     elif v1:
@@ -318,6 +395,7 @@ def detect() -> tuple[CgroupManager | None, str]:
         mgr = CgroupManager(2, base, base)
         ok, why = _probe(mgr)
         if ok:
+            mgr.remove_stale()
             return mgr, mgr.describe()
         reasons.append(f"v2: {why}")
     if not mounts:
@@ -332,7 +410,7 @@ def _probe(mgr: CgroupManager) -> tuple[bool, str]:
             if not b.is_dir():
                 b.mkdir(mode=0o755)
                 made.append(b)
-        name = f"probe-{os.getpid()}-{time.monotonic_ns()}"
+        name = f"probe{time.monotonic_ns()}-{owner_id()}"
         cg = mgr.prepare(name, 64 << 20, 8)
         mgr.forget(name)
         cg.remove()

@@ -629,7 +629,8 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
     slot, lock_fd, dirty = _slots.acquire(slot_timeout, check_uid=uid_mode)
     uid = _uid_base() + slot if uid_mode else None
     run_name = f"slot{slot}-{os.getpid()}-{next(_run_counter)}"
-    cg_name = f"slot{slot}-{os.getpid()}"
+    # Named by pid and start time, so a dead process's leftovers are never taken for ours.
+    cg_name = f"slot{slot}-{_cgroup.owner_id() or os.getpid()}"
     fds: list[int] = []
     cg = None
     workdir = None
@@ -639,8 +640,8 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
         if dirty and uid is not None:
             _kill_uid(uid)
         if plan.cgroup is not None:
-            if dirty:
-                plan.cgroup.remove_stale(f"slot{slot}-", keep=cg_name)
+            if dirty:  # its last holder crashed mid-run: sweep what dead processes left
+                plan.cgroup.remove_stale()
             extra = _MEMORY_HEADROOM
             # +1 task for the launcher, +2 for bubblewrap's monitor and reaper.
             cg = plan.cgroup.prepare(cg_name, (limits.memory_mb << 20) + extra,

@@ -23,6 +23,7 @@ strings, numbers), ``_signal`` avoids ``signal``'s enum machinery.
 
 import _signal as signal
 import ctypes
+import errno
 import marshal
 import os
 import resource
@@ -201,6 +202,53 @@ def _reap_all(kill_uid, main_pid, result, grace=0.05):
         time.sleep(0.001)
 
 
+def _in_group(pid, name):
+    try:
+        with open("/proc/%d/cgroup" % pid) as fh:
+            return any(line.rstrip().endswith("/" + name) for line in fh)
+    except OSError:
+        return False
+
+
+def _remove_groups(groups, wait_s=5.0):
+    """Step out of the run's cgroups (into their parents) and rmdir them. Everything we started
+    is reaped by now, but the kernel may still count a task that is leaving (EBUSY): SIGKILL what
+    the group lists (re-checked under a pidfd) and retry, for at most wait_s. A group still there
+    after that is swept by rlpipe's next start (its owner is dead)."""
+    me = os.getpid()
+    for group in groups:
+        try:
+            with open(os.path.join(os.path.dirname(group), "cgroup.procs"), "w") as fh:
+                fh.write(str(me))
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait_s
+    left = list(groups)
+    while left:
+        for group in list(left):
+            try:
+                os.rmdir(group)
+                left.remove(group)
+            except FileNotFoundError:
+                left.remove(group)
+            except OSError as e:
+                if e.errno != errno.EBUSY:
+                    left.remove(group)
+        if not left or time.monotonic() > deadline:
+            return
+        for group in left:
+            name = os.path.basename(group)
+            try:
+                with open(os.path.join(group, "cgroup.procs")) as fh:
+                    pids = [int(x) for x in fh.read().split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                if pid != me:
+                    _signal_pid(pid, signal.SIGKILL, lambda _ppid, _uids, pid=pid: _in_group(pid, name))
+        time.sleep(0.01)
+
+
 def _parse_bwrap_status(fd):
     """bubblewrap's JSON status documents, flattened: {"child-pid": N, "exit-code": N, ...}.
 
@@ -282,19 +330,8 @@ def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         result.update(extra)
         if os.getppid() != spec["parent_pid"]:
-            # rlpipe is gone and cannot clean up: step out of the run's cgroups (into their
-            # parent) and remove them, now empty.
-            for path in spec.get("cgroup_procs", []):
-                group = os.path.dirname(path)
-                try:
-                    with open(os.path.join(os.path.dirname(group), "cgroup.procs"), "w") as fh:
-                        fh.write(str(os.getpid()))
-                except OSError:
-                    pass
-                try:
-                    os.rmdir(group)
-                except OSError:
-                    pass
+            # rlpipe is gone and cannot clean up; we outlive it, so the run's groups go with us.
+            _remove_groups([os.path.dirname(p) for p in spec.get("cgroup_procs", [])])
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         result["cpu_s"] = ru.ru_utime + ru.ru_stime
         result["maxrss_kb"] = ru.ru_maxrss
