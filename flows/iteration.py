@@ -10,7 +10,9 @@ from prefect import flow
 from rlpipe.config import RunConfig, settings
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
-from tasks.rl import evaluate, read_progress, rollout, sync_weights, update, upload_checkpoint, verify, write_progress
+from tasks.rl import (
+    evaluate, fault_point, read_progress, rollout, run_state, sync_weights, update, upload_checkpoint, verify, write_progress,
+)
 from tasks.tracking import register_checkpoint
 
 
@@ -43,19 +45,24 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     r, v = draws[0]  # reward metrics: the first draw, an unfiltered on-policy sample like any iteration's
     u = update(config, run_id, iteration, [dv for _, dv in draws])
     s = sync_weights(config, run_id, iteration, u)
-    ev = evaluate(config, run_id) if _due(iteration, config.train.eval_interval, last) else None
+    ev, val = None, None
+    if _due(iteration, config.train.eval_interval, last):
+        ev, val = evaluate(config, run_id, "test"), evaluate(config, run_id, "validation")
     registered = None
-    if _due(iteration, config.train.save_interval, last):
+    save_point = _due(iteration, config.train.save_interval, last)
+    if save_point:
         ck = upload_checkpoint(config, run_id, iteration, u)
         registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
-                                         aliases=("latest",), accuracy=ev["accuracy"] if ev else None)
+                                         aliases=("latest",), accuracy=val["accuracy"] if val else None,
+                                         test_accuracy=ev["accuracy"] if ev else None)
+        fault_point(iteration, "register")
     wall = time.perf_counter() - start
     stages = {
         "generate_s": sum(0.0 if dr["reused"] else dr["generate_s"] for dr, _ in draws),
         "verify_s": sum(0.0 if dv["reused"] else dv["verify_s"] for _, dv in draws),
         "update_s": u["update_s"],
         "sync_s": s["sync_s"],
-        "eval_s": ev["eval_s"] if ev else 0.0,
+        "eval_s": ev["eval_s"] + val["eval_s"] if ev else 0.0,
     }
     # What is not generation, scoring or the optimizer (or the optional evaluation): orchestration,
     # storage, checkpoint saves, sync, logging.
@@ -77,16 +84,22 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     )
     if ev:
         metrics["heldout_accuracy"] = ev["accuracy"]
+        if val["accuracy"] is not None:
+            metrics["validation_accuracy"] = val["accuracy"]
     # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
     Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, iteration)
     progress = read_progress(run_id) or {}
     history = [h for h in progress.get("history", []) if h["iteration"] < iteration]
     history.append({"iteration": iteration} | metrics)
-    write_progress(run_id, progress | {
+    progress = progress | {
         "completed_iteration": iteration, "resume_dir": u["state_dir"], "weights_sha256": u["weights_sha256"],
         "history": history, "last_registered": registered["version"] if registered else progress.get("last_registered"),
         "final_accuracy": ev["accuracy"] if ev else progress.get("final_accuracy"),
-    })
+        "final_validation_accuracy": val["accuracy"] if val else progress.get("final_validation_accuracy"),
+    }
+    if save_point:  # the store's record goes first: a resume elsewhere continues from here
+        run_state(config, run_id).save_point(progress)
+    write_progress(run_id, progress)
     _prune_states(run_id, keep=u["state_dir"])
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",

@@ -25,7 +25,8 @@ def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
         result = train_sft_task(config, dataset, run_id, mlflow_run)
         version = register_checkpoint(
             config, run_id, mlflow_run, result, dataset["version"], iteration=0,
-            aliases=("base", "latest"), accuracy=result["heldout_accuracy_after"],
+            aliases=("base", "latest"), accuracy=result["validation_accuracy_after"],
+            test_accuracy=result["heldout_accuracy_after"],
         )
     except BaseException:
         end_tracking(config, mlflow_run, "FAILED")

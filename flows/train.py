@@ -19,7 +19,8 @@ from rlpipe.runtime import stop_services
 from rlpipe.storage.layout import check_run_id
 from tasks._log import run_logger
 from tasks.data import prepare_dataset
-from tasks.rl import evaluate, read_progress, run_dir, start_services, write_progress
+from rlpipe.resume import resume_fingerprint
+from tasks.rl import evaluate, read_progress, run_dir, run_state, start_services, state_dir, write_progress
 from tasks.tracking import end_tracking, log_metrics, start_tracking
 
 
@@ -33,19 +34,53 @@ def _local_model(spec: str | None, config: RunConfig) -> str | None:
     return str(fetch_source(resolve_source(spec, settings(), config), settings()))
 
 
+def _resume_point(config: RunConfig, run_id: str, dataset_version: str, allow_change: bool) -> tuple[dict[str, Any], list[str]]:
+    """The progress to continue from: this machine's when its state is intact, else the object store's
+    last save point (its state downloaded), whichever is further along; {} for a new run."""
+    from rlpipe.resume import check_resume
+
+    state, log = run_state(config, run_id), run_logger()
+    local, saved = state.read_local(), state.read_saved()
+    options = []
+    if local and local.get("completed_iteration", -1) >= 0 and state.local_state_ok(local):
+        options.append((local["completed_iteration"], 1, local))
+    elif local and local.get("completed_iteration", -1) >= 0:
+        log.warning("run %s: the local state of iteration %d is missing or differs from its record; using the "
+                    "object store", run_id, local["completed_iteration"])
+    if saved:
+        options.append((saved["completed_iteration"], 0, saved))
+    if not options:
+        progress = local if local and local.get("completed_iteration", -1) < 0 else {}
+        if local and progress is not local:
+            log.warning("run %s: nothing to resume from in %s; starting at iteration 0", run_id, state.store.url(""))
+        return progress, check_resume(progress, config, dataset_version, allow_change) if progress else []
+    k, where, progress = max(options, key=lambda o: (o[0], o[1]))
+    changes = check_resume(progress, config, dataset_version, allow_change)
+    if where == 0:  # from the store: this machine has no (or older) state
+        folder = state.fetch_state(progress, state_dir(run_id, k))
+        progress = progress | {"resume_dir": str(folder)}
+        state.write_local(progress)
+    log.info("resuming run %s after iteration %d from %s (%s)", run_id, k, progress["resume_dir"],
+             "this machine" if where else state.store.url(progress["resume_state"]))
+    return progress, changes
+
+
 @flow(name="rl-train", flow_run_name="{run_id}")
-def train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
-    """Train with RL; returns the path of the run's summary.json."""
+def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change: bool = False) -> str:
+    """Train with RL; returns the path of the run's summary.json.
+
+    The same run id resumes (see :mod:`rlpipe.resume`); a changed config or dataset is refused unless
+    ``allow_config_change``, and then recorded in MLflow."""
     start = time.perf_counter()
     run_id = check_run_id(run_id or new_run_id("rl"))
     log = run_logger()
     dataset = prepare_dataset(config)
+    progress, changes = _resume_point(config, run_id, dataset["version"], allow_config_change)
     mlflow_run = start_tracking(config, run_id, "rl", dataset["version"])
-    progress = read_progress(run_id) or {}
+    if changes:
+        _record_change(config, run_id, mlflow_run, progress, changes)
     first = progress.get("completed_iteration", -1) + 1
     resume_dir = progress.get("resume_dir")
-    if resume_dir:
-        log.info("resuming run %s at iteration %d from %s", run_id, first, resume_dir)
     model_dir = _local_model(config.task.policy_model, config)
     ref_spec, critic_spec = config.task.ref_model, config.train.critic.model
     if ref_spec or critic_spec:
@@ -57,13 +92,16 @@ def train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     try:
         services = start_services(config, run_id, dataset, model_dir, resume_dir)
         if "base_accuracy" not in progress:
-            base = evaluate(config, run_id)
-            progress = progress | {"base_accuracy": base["accuracy"], "base_policy": base["policy_version"],
-                                   "heldout_n": base["n"], "dataset_version": dataset["version"],
-                                   "config_fingerprint": config.fingerprint()}
+            base = evaluate(config, run_id, "test")
+            val = evaluate(config, run_id, "validation")
+            progress = progress | {"base_accuracy": base["accuracy"], "base_validation_accuracy": val["accuracy"],
+                                   "base_policy": base["policy_version"], "heldout_n": base["n"],
+                                   "dataset_version": dataset["version"], "config_fingerprint": config.fingerprint(),
+                                   "resume_fingerprint": resume_fingerprint(config), "config": config.flat()}
             write_progress(run_id, progress)
-            log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"]}, -1)
-            log.info("base policy: held-out accuracy %.3f (n=%d)", base["accuracy"], base["n"])
+            log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"], "validation_accuracy": val["accuracy"]}, -1)
+            log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
+                     val["accuracy"], val["n"])
         for k in range(first, config.train.total_iterations):
             t0 = time.perf_counter()
             out = iteration(config, run_id, k, mlflow_run, dataset["version"])
@@ -79,6 +117,20 @@ def train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     path = write_summary(settings(), run_id, summary)
     log.info("summary: %s", path)
     return str(path)
+
+
+def _record_change(config: RunConfig, run_id: str, mlflow_run: str, progress: dict[str, Any], changes: list[str]) -> None:
+    """An allowed config change: a tag on the MLflow run, a line in the log, the new config in the progress."""
+    from rlpipe.tracking.mlflow_utils import Tracker
+
+    at = progress.get("completed_iteration", -1) + 1
+    Tracker(settings(), config).client.set_tag(mlflow_run, f"rlpipe.config_change.iter{at}", "; ".join(changes)[:4900])
+    run_logger().warning("run %s resumes at iteration %d with %d config change(s) (--allow-config-change): %s",
+                         run_id, at, len(changes), "; ".join(changes))
+    if progress:
+        write_progress(run_id, progress | {"config": config.flat(), "resume_fingerprint": resume_fingerprint(config),
+                                           "config_fingerprint": config.fingerprint(),
+                                           "config_changes": progress.get("config_changes", []) + [{"iteration": at, "changes": changes}]})
 
 
 def _account_outer_time(config: RunConfig, run_id: str, k: int, mlflow_run: str, m: dict[str, float], total: float) -> None:

@@ -28,8 +28,9 @@ from rlpipe.rollout.batch import (
     apply_overlong_penalty, batch_metrics, filter_groups, generate_table, score_table, select_prompts, table_to_samples,
 )
 from rlpipe.rollout.engines import get_engine
+from rlpipe.resume import RunState, resume_fingerprint
 from rlpipe.runtime import RunServices, register_services, services
-from rlpipe.storage.layout import checkpoint_prefix, stage_prefix
+from rlpipe.storage.layout import stage_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from rlpipe.storage.store import open_store
 from rlpipe.training.checkpoint import file_weights_sha256
@@ -68,6 +69,20 @@ def write_progress(run_id: str, progress: dict[str, Any]) -> None:
 
 def state_dir(run_id: str, iteration: int) -> Path:
     return run_dir(run_id) / "state" / f"iter={iteration}"
+
+
+def run_state(config: RunConfig, run_id: str) -> RunState:
+    return RunState(_store(config), run_dir(run_id), run_id)
+
+
+def _reusable(config: RunConfig, meta: dict[str, Any], expect: dict[str, Any], what: str) -> bool:
+    """A stored stage is reused only if it was made for this config and these inputs; else it is redone."""
+    want = {"fingerprint": resume_fingerprint(config)} | expect
+    differ = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
+    if differ:
+        run_logger().warning("redoing %s: the stored stage was made with %s", what,
+                             ", ".join(f"{k} {str(got)[:12]} (now {str(now)[:12]})" for k, (got, now) in differ.items()))
+    return not differ
 
 
 # -- services ---------------------------------------------------------------------------------
@@ -158,21 +173,24 @@ def prompt_slot(config: RunConfig, iteration: int, draw: int) -> int:
 def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> dict[str, Any]:
     store = _store(config)
     prefix = stage_prefix(run_id, iteration, _stage("rollout", draw))
-    if store.stage_done(prefix):
-        return store.read_manifest(prefix)["meta"] | {"prefix": prefix, "reused": True}
     svc = services(run_id)
+    if store.stage_done(prefix):
+        manifest = store.read_manifest(prefix)
+        if _reusable(config, manifest["meta"], {"policy_version": svc.engine.weights_sha256()}, f"rollout {prefix}"):
+            return manifest["meta"] | {"prefix": prefix, "reused": True, "written_at": manifest["written_at"]}
     prompts, cursor = select_prompts(svc.train_rows, prompt_slot(config, iteration, draw), config.rollout.batch_size, config.seed)
     sampling = SamplingConfig(
         n=config.rollout.samples_per_prompt, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
         max_new_tokens=config.rollout.max_new_tokens, seed=config.seed * 1_000_003 + iteration * 10_007 + draw * 101,
     )
     table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
-    meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256()}
+    meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256(),
+                    "fingerprint": resume_fingerprint(config)}
     start = time.perf_counter()
-    store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
+    manifest = store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
     meta["write_s"] = time.perf_counter() - start
     fault_point(iteration, "rollout")
-    return meta | {"prefix": prefix, "reused": False}
+    return meta | {"prefix": prefix, "reused": False, "written_at": manifest["written_at"]}
 
 
 def _retry_unless_guard(task: Any, task_run: Any, state: Any) -> bool:
@@ -186,8 +204,11 @@ def _retry_unless_guard(task: Any, task_run: Any, state: Any) -> bool:
 def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any], draw: int = 0) -> dict[str, Any]:
     store = _store(config)
     prefix = stage_prefix(run_id, iteration, _stage("verify", draw))
+    inputs = {"rollout_written_at": rollout_ref["written_at"]}  # scores of exactly the rollout in use
     if store.stage_done(prefix):
-        return store.read_manifest(prefix)["meta"] | {"prefix": prefix, "reused": True}
+        meta = store.read_manifest(prefix)["meta"]
+        if _reusable(config, meta, inputs, f"verify {prefix}"):
+            return meta | {"prefix": prefix, "reused": True}
     svc = services(run_id)
     start = time.perf_counter()
     table = store.read_stage(rollout_ref["prefix"], schema=TRAJECTORY_SCHEMA)
@@ -212,7 +233,8 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
         alerts.append(svc.pool.last_problem)
     for a in alerts:
         run_logger().warning("ALERT iteration %d: %s", iteration, a)
-    meta = stats | metrics | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s, "draw": draw}
+    meta = stats | metrics | inputs | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s, "draw": draw,
+                                      "fingerprint": resume_fingerprint(config)}
     start = time.perf_counter()
     store.write_stage(prefix, [scored], meta=meta, schema=TRAJECTORY_SCHEMA)
     meta["write_s"] = time.perf_counter() - start
@@ -324,11 +346,14 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
-def evaluate(config: RunConfig, run_id: str) -> dict[str, Any]:
-    """Greedy held-out accuracy of the policy the engine holds now (verdicts from the verifier pool)."""
+def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, Any]:
+    """Greedy accuracy of the policy the engine holds now on ``split`` (verdicts from the verifier pool):
+    'validation' chooses ``best``, 'test' is reported."""
     svc = services(run_id)
     start = time.perf_counter()
-    rows = svc.test_rows
+    rows = svc.test_rows if split == "test" else svc.validation_rows
+    if not rows:
+        return {"accuracy": None, "n": 0, "eval_s": 0.0, "policy_version": svc.engine.weights_sha256()}
     prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
                for r in rows]
     outs = svc.engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens))
@@ -340,7 +365,8 @@ def evaluate(config: RunConfig, run_id: str) -> dict[str, Any]:
 
 @task(name="upload-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
 def upload_checkpoint(config: RunConfig, run_id: str, iteration: int, update_ref: dict[str, Any]) -> dict[str, Any]:
-    """Copy the iteration's full checkpoint (weights, tokenizer, optimizer, RNG, cursor) to the store."""
-    store = _store(config)
-    uri = store.upload_dir(update_ref["state_dir"], checkpoint_prefix(run_id, f"iter={iteration}"))
+    """Copy the iteration's full resumable state (weights, tokenizer, optimizer and critic states, KL
+    controller, RNG, iteration) to the store; a redo finds a whole copy and keeps it."""
+    uri = run_state(config, run_id).upload_state(Path(update_ref["state_dir"]), iteration, update_ref["weights_sha256"])
+    fault_point(iteration, "upload")
     return {"checkpoint_uri": uri, "weights_sha256": update_ref["weights_sha256"]}

@@ -29,8 +29,12 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
     rows = store.read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
     train = [r for r in rows if r["split"] == "train"]
     test = [r for r in rows if r["split"] == "test"]
-    # Early stopping looks at validation, never at test (test is reported, not selected on).
-    validation = [r for r in rows if r["split"] == "validation"] or test
+    # Early stopping and `best` look at validation, never at test (test is reported, not selected on).
+    validation = [r for r in rows if r["split"] == "validation"]
+    if not validation and config.sft.stop_at_accuracy is not None:
+        raise ValueError(f"dataset {dataset['version'][:16]} has no 'validation' split, which sft.stop_at_accuracy "
+                         "stops on (the test split is only reported); add validation rows (data.validation_size for "
+                         "builtin tasks) or set sft.stop_at_accuracy: null")
     torch.manual_seed(config.seed)
     model, tok, source = load_model(config.task.policy_model, config, s)
     params = count_parameters(model)
@@ -55,8 +59,10 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
     ver = config.sft.eval_verifier
     before = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     logger.info("model %s (%d parameters): held-out accuracy before SFT %.3f", source, params, before["accuracy"])
-    result = train_sft(model, tok, train, config.sft, seed=config.seed, eval_fn=lambda m: evaluate_accuracy(m, tok, probe, max_new, verifier=ver), log=log)
+    result = train_sft(model, tok, train, config.sft, seed=config.seed, log=log,
+                       eval_fn=(lambda m: evaluate_accuracy(m, tok, probe, max_new, verifier=ver)) if probe else None)
     after = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
+    val_after = evaluate_accuracy(model, tok, validation, max_new, verifier=ver)["accuracy"] if validation else None
     with tempfile.TemporaryDirectory() as tmp:
         digest = save_checkpoint(
             tmp, model, tok,
@@ -76,6 +82,7 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
         "train_wall_s": result.wall_s,
         "heldout_accuracy_before": before["accuracy"],
         "heldout_accuracy_after": after["accuracy"],
+        "validation_accuracy_after": val_after,
         "heldout_n": after["n"],
         "stopped_early": result.stopped_early,
     }

@@ -27,31 +27,48 @@ def register_checkpoint(
     iteration: int,
     aliases: tuple[str, ...],
     accuracy: float | None = None,
+    test_accuracy: float | None = None,
 ) -> dict[str, Any]:
-    """Register a checkpoint; moves ``best`` to it when its held-out accuracy beats the current best."""
+    """Register a checkpoint once; moves ``best`` to it when its **validation** accuracy (``accuracy``)
+    beats the current best's. The test accuracy is a tag for reports, never a selection criterion.
+
+    An iteration redone after a kill finds its version (same run, iteration and weights) and returns it
+    without registering again or moving an alias."""
     tracker = Tracker(settings(), config)
     name = config.registered_model
+    existing = _registered(tracker, name, run_id, iteration)
+    if existing is not None:
+        if existing.tags.get("weights_sha256") != checkpoint["weights_sha256"]:
+            raise RuntimeError(
+                f"{name} v{existing.version} is run {run_id}'s iteration {iteration} with weights "
+                f"{existing.tags.get('weights_sha256', '')[:12]}, the redone iteration made {checkpoint['weights_sha256'][:12]}: "
+                "the redo was not deterministic; the registered version is kept")
+        return asdict(existing)
     parent = tracker.version_by_alias(name, "latest")
-    extra = {"heldout_accuracy": f"{accuracy:.6f}"} if accuracy is not None else {}
+    extra = {k: f"{v:.6f}" for k, v in (("validation_accuracy", accuracy), ("test_accuracy", test_accuracy)) if v is not None}
     mv = tracker.register_checkpoint(
-        name,
-        checkpoint["checkpoint_uri"],
-        mlflow_run_id,
-        rlpipe_run_id=run_id,
-        iteration=iteration,
-        config_fingerprint=config.fingerprint(),
-        dataset_version=dataset_version,
-        weights_sha256=checkpoint["weights_sha256"],
-        parent_version=parent.version if parent else None,
-        aliases=aliases,
-        extra_tags=extra,
+        name, checkpoint["checkpoint_uri"], mlflow_run_id, rlpipe_run_id=run_id, iteration=iteration,
+        config_fingerprint=config.fingerprint(), dataset_version=dataset_version,
+        weights_sha256=checkpoint["weights_sha256"], parent_version=parent.version if parent else None,
+        aliases=aliases, extra_tags=extra,
     )
     if accuracy is not None:
         best = tracker.version_by_alias(name, "best")
-        best_acc = float(best.tags.get("heldout_accuracy", "-1")) if best else -1.0
+        best_acc = float(best.tags.get("validation_accuracy", "-1")) if best else -1.0
         if accuracy > best_acc:
             tracker.set_alias(name, "best", mv.version)
     return asdict(mv)
+
+
+def _registered(tracker: Tracker, name: str, run_id: str, iteration: int):
+    from rlpipe.tracking.mlflow_utils import ModelVersionInfo
+
+    found = tracker.client.search_model_versions(
+        f"name='{name}' and tags.run_id='{run_id}' and tags.iteration='{iteration}'")
+    if not found:
+        return None
+    mv = min(found, key=lambda m: int(m.version))
+    return ModelVersionInfo(name, str(mv.version), mv.source, dict(mv.tags), tuple(getattr(mv, "aliases", ()) or ()))
 
 
 @task(name="end-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=60)

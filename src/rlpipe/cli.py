@@ -137,23 +137,33 @@ def _run_sft(cfg: RunConfig, run_id: str | None) -> dict:
     return json.loads(Path(path).read_text()) | {"_path": path}
 
 
-def _run_rl(cfg: RunConfig, run_id: str | None) -> dict:
+def _run_rl(cfg: RunConfig, run_id: str | None, allow_config_change: bool = False) -> dict:
     _prefect_env()
     from flows.train import train
 
-    path = train(config=cfg, run_id=run_id or "")
+    path = train(config=cfg, run_id=run_id or "", allow_config_change=allow_config_change)
     return json.loads(Path(path).read_text()) | {"_path": path}
 
 
 @app.command("run")
-def run_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option(help="Start or resume this run.")] = None) -> None:
-    """RL training (one Prefect flow run per iteration); the same --run-id resumes. Prints summary.json's path last."""
+def run_cmd(
+    config: ConfigArg = None, set_: SetOpt = None,
+    run_id: Annotated[Optional[str], typer.Option(help="Start or resume this run.")] = None,
+    allow_config_change: Annotated[bool, typer.Option(help="Resume even though the config or dataset changed (recorded in MLflow).")] = False,
+) -> None:
+    """RL training (one Prefect flow run per iteration); the same --run-id resumes (from the object store when
+    this machine has no state). Prints summary.json's path last."""
+    from rlpipe.resume import ResumeRefused
     from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
+    from tasks.rl import NonFiniteUpdate
 
     cfg = _load(config, set_)
     try:
-        summary = _run_rl(cfg, run_id)
-    except (RewardCircuitOpen, SandboxFloorError) as e:  # a guard tripped: say why, no traceback
+        summary = _run_rl(cfg, run_id, allow_config_change)
+    except ResumeRefused as e:
+        typer.echo(f"rlpipe run refused to resume {run_id}: {e}", err=True)
+        raise typer.Exit(4) from None
+    except (RewardCircuitOpen, SandboxFloorError, NonFiniteUpdate) as e:  # a guard tripped: say why, no traceback
         typer.echo(f"rlpipe run stopped: {e}", err=True)
         raise typer.Exit(3) from None
     _print_rl(summary)

