@@ -1,12 +1,12 @@
 # The two commands a new user runs: `make demo` and `make test`.
 SHELL := /bin/bash
+# This clone's own venv (scripts/install.sh): the dependencies come from a venv shared between
+# clones, rlpipe, flows and tasks from this clone's editable install. So no PYTHONPATH is set: the
+# venv's python already imports this checkout, and so do the subprocesses the tests start.
 VENV := .venv
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PYTHONHASHSEED ?= 0
-# The venv is shared between clones (cached by pins); this clone's code must win over whichever
-# clone did the last editable install.
-export PYTHONPATH := $(CURDIR)/src:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: install demo test lint clean
 
