@@ -39,7 +39,7 @@ def test_train_deployment_runs_on_a_process_worker(tiny_checkpoint, even_task, t
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")
            and k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")} | {
         "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "INFO", "PWD": str(ROOT), "PYTHONPATH": str(ROOT),
+        "PREFECT_LOGGING_LEVEL": "INFO", "PWD": str(ROOT), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
     }
     log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],

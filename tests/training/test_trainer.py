@@ -13,7 +13,7 @@ SCRIPT = ROOT / "tests" / "helpers" / "dist_update.py"
 
 
 def _launch(model, out, nproc, zero, kl=0.0, sets=()):
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}  # this checkout
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     from tests.helpers.s3server import free_port
