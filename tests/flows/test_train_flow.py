@@ -88,43 +88,6 @@ def _cli(args: list[str], env_extra: dict[str, str], api_url: str) -> subprocess
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_resume_after_kill_gives_the_same_run(prefect_harness, tiny_checkpoint, even_task):
-    """A run SIGKILLed mid-iteration resumes from its last completed iteration with identical state."""
-    from prefect.settings import PREFECT_API_URL
-
-    api = PREFECT_API_URL.value()
-    sets = [x for s in rl_overrides(tiny_checkpoint, "rlresume", "hf", even_task, iterations=3) for x in ("--set", s)]
-    ref = _cli(["run", "--run-id", "rl-ref", *sets], {}, api)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-
-    killed = _cli(["run", "--run-id", "rl-killed", *sets], {"RLPIPE_FAULT": "1:rollout"}, api)
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    progress = json.loads((settings().run_dir("rl-killed") / "progress.json").read_text())
-    assert progress["completed_iteration"] == 0
-    store = open_store()
-    assert store.stage_done(stage_prefix("rl-killed", 1, "rollout"))
-    assert not store.stage_done(stage_prefix("rl-killed", 1, "verify"))
-    written = store.read_manifest(stage_prefix("rl-killed", 1, "rollout"))["written_at"]
-
-    resumed = _cli(["run", "--run-id", "rl-killed", *sets], {}, api)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert store.read_manifest(stage_prefix("rl-killed", 1, "rollout"))["written_at"] == written  # reused, not redone
-
-    a = json.loads((settings().run_dir("rl-ref") / "summary.json").read_text())
-    b = json.loads((settings().run_dir("rl-killed") / "summary.json").read_text())
-    assert a["iterations_done"] == b["iterations_done"] == 3
-    assert a["final_policy_version"] == b["final_policy_version"]  # same weights, bit for bit
-    ha = json.loads((settings().run_dir("rl-ref") / "progress.json").read_text())["history"]
-    hb = json.loads((settings().run_dir("rl-killed") / "progress.json").read_text())["history"]
-    assert [h["reward_mean"] for h in ha] == [h["reward_mean"] for h in hb]
-    assert [h["loss"] for h in ha] == [h["loss"] for h in hb]
-
-    # Running a finished run again changes nothing.
-    again = _cli(["run", "--run-id", "rl-ref", *sets], {}, api)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((settings().run_dir("rl-ref") / "summary.json").read_text())["final_policy_version"] == a["final_policy_version"]
-
-
 def test_verifier_service_down_skips_samples_and_the_run_goes_on(prefect_harness, tiny_checkpoint, even_task, monkeypatch):
     """Scoring through RLPIPE_VERIFIER_URL while the service is down: every sample gets 'skipped'
     (never a 0 reward), the update excludes them, an alert is recorded, and the run completes."""

@@ -1,0 +1,97 @@
+"""Resume you can trust: killed at every stage boundary on the vLLM engine (once with the local state
+deleted, so only the object store is left), it lands on the same weights as an uninterrupted run,
+registers each iteration once, and refuses a resume that would change the experiment."""
+
+import json
+import shutil
+
+import pytest
+
+from rlpipe.config import load_config, settings
+from rlpipe.resume import ResumeRefused, check_resume, config_changes, resume_fingerprint
+from rlpipe.storage import open_store
+from rlpipe.storage.layout import stage_prefix
+from rlpipe.tracking.mlflow_utils import Tracker
+from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F401 - fixture re-used
+
+# (iteration, stage): SIGKILL right after that stage. Iteration 2's kills happen after the local run
+# folder was deleted: that resume comes from the store's save point of iteration 1.
+BOUNDARIES = [(0, "rollout"), (0, "verify"), (1, "update"), (1, "sync"), (2, "upload"), (2, "register")]
+
+
+def _args(run_id, sets, *extra):
+    return ["run", "--run-id", run_id, *[x for s in sets for x in ("--set", s)], *extra]
+
+
+@pytest.fixture(scope="module")
+def api(prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="module")
+def reference(api, tiny_checkpoint, even_task):
+    sets = rl_overrides(tiny_checkpoint, "rlkill", "vllm", even_task, iterations=3)
+    ref = _cli(_args("rl-kill-ref", sets), {}, api)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return sets, json.loads((settings().run_dir("rl-kill-ref") / "summary.json").read_text())
+
+
+def test_kill_at_every_stage_boundary_resumes_to_the_same_weights(api, reference):
+    sets, ref = reference
+    store = open_store()
+    for iteration, stage in BOUNDARIES:
+        if (iteration, stage) == (2, "upload"):
+            shutil.rmtree(settings().run_dir("rl-kill"))  # another machine: only the store and MLflow remain
+        killed = _cli(_args("rl-kill", sets), {"RLPIPE_FAULT": f"{iteration}:{stage}"}, api)
+        assert killed.returncode == -9, (iteration, stage, killed.stderr[-3000:])
+        if (iteration, stage) == (0, "rollout"):
+            written = store.read_manifest(stage_prefix("rl-kill", 0, "rollout"))["written_at"]
+    done = _cli(_args("rl-kill", sets), {}, api)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert store.read_manifest(stage_prefix("rl-kill", 0, "rollout"))["written_at"] == written  # reused, not redone
+
+    got = json.loads((settings().run_dir("rl-kill") / "summary.json").read_text())
+    assert got["iterations_done"] == ref["iterations_done"] == 3
+    assert got["final_policy_version"] == ref["final_policy_version"]  # the same weights, bit for bit
+    cfg = load_config(None, sets)
+    tracker = Tracker(settings(), cfg)
+    mine = [mv for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'") if mv.tags["run_id"] == "rl-kill"]
+    assert sorted(int(mv.tags["iteration"]) for mv in mine) == [0, 1, 2]  # never a second version of a redone iteration
+    assert [mv.tags["weights_sha256"] for mv in sorted(mine, key=lambda m: int(m.tags["iteration"]))][-1] == ref["final_policy_version"]
+
+    again = _cli(_args("rl-kill", sets), {}, api)  # a finished run run again changes nothing
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((settings().run_dir("rl-kill") / "summary.json").read_text())["final_policy_version"] == ref["final_policy_version"]
+
+
+def test_a_changed_config_is_refused_and_an_allowed_one_recorded(api, reference):
+    sets, ref = reference
+    refused = _cli(_args("rl-kill-ref", sets + ["train.lr=2e-4"]), {}, api)
+    assert refused.returncode == 4, refused.stderr[-3000:]
+    assert "train.lr: 0.0001 → 0.0002" in refused.stderr and "--allow-config-change" in refused.stderr
+
+    longer = _cli(_args("rl-kill-ref", sets + ["train.total_iterations=4"]), {}, api)  # extending is no change
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    changed = _cli(_args("rl-kill-ref", sets + ["train.total_iterations=5", "train.lr=2e-4"], "--allow-config-change"), {}, api)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    summary = json.loads((settings().run_dir("rl-kill-ref") / "summary.json").read_text())
+    assert summary["iterations_done"] == 5
+    run = Tracker(settings(), load_config(None, sets)).client.get_run(summary["mlflow_run_id"])
+    assert "train.lr: 0.0001 → 0.0002" in run.data.tags["rlpipe.config_change.iter4"]
+
+
+def test_resume_rules_by_hand():
+    a = load_config(None, ["train.lr=1e-4"])
+    b = load_config(None, ["train.lr=2e-4", "train.total_iterations=99"])
+    assert config_changes(a.flat(), b.flat()) == ["train.lr: 0.0001 → 0.0002"]
+    assert resume_fingerprint(a) != resume_fingerprint(b)
+    assert resume_fingerprint(a) == resume_fingerprint(load_config(None, ["train.lr=1e-4", "train.total_iterations=3"]))
+    progress = {"config": a.flat(), "dataset_version": "d1"}
+    assert check_resume(progress, load_config(None, ["train.lr=1e-4", "train.total_iterations=7"]), "d1", False) == []
+    with pytest.raises(ResumeRefused, match="dataset_version: d1 → d2"):
+        check_resume(progress, a, "d2", False)
+    with pytest.raises(ResumeRefused, match="train.lr"):
+        check_resume(progress, b, "d1", False)
+    assert check_resume(progress, b, "d1", True) == ["train.lr: 0.0001 → 0.0002"]
