@@ -32,17 +32,7 @@ def _due(iteration: int, every: int, last: int) -> bool:
 def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str, dataset_version: str) -> dict[str, Any]:
     start = time.perf_counter()
     last = config.train.total_iterations - 1
-    draws = []
-    with_signal = 0.0
-    for draw in range(1 + (config.rollout.max_extra_draws if config.rollout.dynamic_sampling else 0)):
-        r = rollout(config, run_id, iteration, draw)
-        v = verify(config, run_id, iteration, r, draw)
-        draws.append((r, v))
-        with_signal += v.get("groups_with_signal", 0.0)
-        # DAPO dynamic sampling: draw more prompts until enough groups carry a signal.
-        if with_signal >= config.rollout.batch_size:
-            break
-    r, v = draws[0]  # reward metrics: the first draw, an unfiltered on-policy sample like any iteration's
+    draws = _draws(config, run_id, iteration)
     u = update(config, run_id, iteration, [dv for _, dv in draws])
     s = sync_weights(config, run_id, iteration, u)
     ev, val = None, None
@@ -56,7 +46,36 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
                                          aliases=("latest",), accuracy=val["accuracy"] if val else None,
                                          test_accuracy=ev["accuracy"] if ev else None)
         fault_point(iteration, "register")
-    wall = time.perf_counter() - start
+    metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start)
+    # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
+    Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, iteration)
+    _record(config, run_id, iteration, metrics, u, ev, val, registered, save_point)
+    run_logger().info(
+        "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",
+        iteration, metrics["reward_mean"], metrics["accuracy"],
+        f", held-out {ev['accuracy']:.3f}" if ev else "", metrics.get("loss", float("nan")), metrics["time/iteration_s"],
+        100 * metrics["time/overhead_share"],
+    )
+    return {"iteration": iteration, "metrics": metrics, "registered": registered}
+
+
+def _draws(config: RunConfig, run_id: str, iteration: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Rollout + verify; with DAPO dynamic sampling, more draws until enough groups carry a signal."""
+    draws = []
+    with_signal = 0.0
+    for draw in range(1 + (config.rollout.max_extra_draws if config.rollout.dynamic_sampling else 0)):
+        r = rollout(config, run_id, iteration, draw)
+        v = verify(config, run_id, iteration, r, draw)
+        draws.append((r, v))
+        with_signal += v.get("groups_with_signal", 0.0)
+        if with_signal >= config.rollout.batch_size:
+            break
+    return draws
+
+
+def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, Any] | None, val: dict[str, Any] | None,
+             wall: float) -> dict[str, float]:
+    r, v = draws[0]  # reward metrics: the first draw, an unfiltered on-policy sample like any iteration's
     stages = {
         "generate_s": sum(0.0 if dr["reused"] else dr["generate_s"] for dr, _ in draws),
         "verify_s": sum(0.0 if dv["reused"] else dv["verify_s"] for _, dv in draws),
@@ -70,8 +89,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     metrics = (
         {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
         | {k: v[k] for k in v if k.startswith(("status_", "sandbox/", "verifier/"))}
-        | {k: val for k, val in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith(_UPDATE_PREFIXES)}
-        | {f"time/{k}": val for k, val in stages.items()}
+        | {k: x for k, x in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith(_UPDATE_PREFIXES)}
+        | {f"time/{k}": x for k, x in stages.items()}
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),
            "time/save_s": u["save_s"],
            "sync/probe_max_abs_diff": s["probe_max_abs_diff"], "sync/probe_policy_change": s["probe_policy_change"],
@@ -86,8 +105,12 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         metrics["heldout_accuracy"] = ev["accuracy"]
         if val["accuracy"] is not None:
             metrics["validation_accuracy"] = val["accuracy"]
-    # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
-    Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, iteration)
+    return metrics
+
+
+def _record(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float], u: dict[str, Any],
+            ev: dict[str, Any] | None, val: dict[str, Any] | None, registered: dict[str, Any] | None, save_point: bool) -> None:
+    """The iteration's line in the progress; at a save point the store's record first, then this machine's."""
     progress = read_progress(run_id) or {}
     history = [h for h in progress.get("history", []) if h["iteration"] < iteration]
     history.append({"iteration": iteration} | metrics)
@@ -97,17 +120,10 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         "final_accuracy": ev["accuracy"] if ev else progress.get("final_accuracy"),
         "final_validation_accuracy": val["accuracy"] if val else progress.get("final_validation_accuracy"),
     }
-    if save_point:  # the store's record goes first: a resume elsewhere continues from here
+    if save_point:
         run_state(config, run_id).save_point(progress)
     write_progress(run_id, progress)
     _prune_states(run_id, keep=u["state_dir"])
-    run_logger().info(
-        "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",
-        iteration, metrics["reward_mean"], metrics["accuracy"],
-        f", held-out {ev['accuracy']:.3f}" if ev else "", metrics.get("loss", float("nan")), wall,
-        100 * metrics["time/overhead_share"],
-    )
-    return {"iteration": iteration, "metrics": metrics, "registered": registered}
 
 
 def _prune_states(run_id: str, keep: str) -> None:

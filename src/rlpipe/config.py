@@ -300,9 +300,9 @@ class TrainConfig(_Strict):
         0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0, 1 or 2 (3 is refused: it partitions the parameters "
         "themselves and the weight export does not gather them)."
     )
-    total_iterations: int = Field(40, ge=1, description="RL iterations (one Prefect flow run each).")
-    save_interval: int = Field(10, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
-    eval_interval: int = Field(5, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
+    total_iterations: int = Field(80, ge=1, description="RL iterations (one Prefect flow run each).")
+    save_interval: int = Field(20, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
+    eval_interval: int = Field(10, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
     eval_size: int | None = Field(None, ge=1, description="Held-out questions per evaluation; default: the whole test split.")
 
     def resolved(self) -> dict[str, str]:
