@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from rlpipe.config import RunConfig, settings
@@ -24,7 +26,8 @@ def test_run_params_and_metrics(cfg):
     assert run.data.params["train.lr"] == str(cfg.train.lr)
     assert run.data.params["config_fingerprint"] == cfg.fingerprint()
     assert run.data.params["dataset_version"] == "d" * 64
-    assert run.data.metrics == {"loss": 0.5}
+    # A non-finite value is logged as it is (never dropped: a NaN loss must be seen); a bool is no metric.
+    assert run.data.metrics["loss"] == 0.5 and math.isnan(run.data.metrics["nan"]) and "flag" not in run.data.metrics
     assert tracker.uri.startswith("sqlite:///") and str(settings().home) in tracker.uri
 
 
@@ -45,7 +48,16 @@ def test_versions_carry_lineage_and_aliases_move(cfg):
     assert mv.source == "/ckpts/3"
     assert tracker.version_by_alias(name, "base").version == v1["version"]
     assert tracker.version_by_alias(name, "latest").version == v3["version"]
-    # `best` follows held-out accuracy, not recency.
+    # `best` follows validation accuracy, not recency, and never the test split.
     assert tracker.version_by_alias(name, "best").version == v2["version"]
+    v4 = register_checkpoint.fn(cfg, "run-b", rid, ckpt(4), "d" * 64, 15, ("latest",), accuracy=0.40, test_accuracy=0.99)
+    assert tracker.version_by_alias(name, "best").version == v2["version"]
+    assert v4["tags"]["test_accuracy"] == "0.990000" and v4["tags"]["validation_accuracy"] == "0.400000"
+    # An iteration redone after a kill registers nothing new and moves no alias.
+    again = register_checkpoint.fn(cfg, "run-b", rid, ckpt(3), "d" * 64, 10, ("latest",), accuracy=0.50)
+    assert again["version"] == v3["version"] and tracker.version_by_alias(name, "latest").version == v4["version"]
+    assert len(tracker.client.search_model_versions(f"name='{name}'")) == 4
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        register_checkpoint.fn(cfg, "run-b", rid, ckpt(9), "d" * 64, 10, ("latest",), accuracy=0.50)
     assert tracker.version_by_alias(name, "nope") is None
-    assert mlflow_alias("latest") == "last" and "last" in tracker.client.get_model_version(name, v3["version"]).aliases
+    assert mlflow_alias("latest") == "last" and "last" in tracker.client.get_model_version(name, v4["version"]).aliases
