@@ -215,7 +215,7 @@ class RolloutConfig(_Strict):
     max_extra_draws: int = Field(3, ge=0, description="Dynamic sampling: most extra draws of batch_size prompts per iteration.")
     sync_tolerance: float | None = Field(
         None, gt=0, description="Weight-sync proof: after each reload the engine's log-probs of a fixed probe batch "
-        "must equal the trainer's within this (max |Δ log-prob|); null: 1e-4 for a float32 engine, 0.05 for 16-bit."
+        "must equal the trainer's within this (max |Δ log-prob|); null: 1e-3 for a float32 engine, 0.05 for 16-bit."
     )
 
 

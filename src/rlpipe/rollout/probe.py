@@ -5,10 +5,11 @@ backend keeps linear weights only in oneDNN's layout). The probe asks the engine
 of each continuation token of a few fixed (prompt, continuation) pairs, at temperature 1, must equal
 the trainer's within a tolerance. It covers every weight that takes part in a forward pass.
 
-Tolerance: float32 on both sides agrees to ~1e-7 here (vLLM-CPU vs HF, measured 2.4e-7), so 1e-4 leaves
-a wide margin for kernel differences while one optimizer step at the demo's lr moves the probe by more
-(``sync/probe_policy_change`` shows how far each sync moved it). 16-bit engines round each logit to
-~3 significant digits, so they get 0.05.
+Tolerance, float32: 1e-3. Measured on the demo (vLLM-CPU vs the DeepSpeed trainer, 3 seeds × 80 syncs):
+the gap is 2.4e-7 at start and grows as training sharpens the distribution, to at most 6.9e-5; the
+smallest move of the probe between two syncs (``sync/probe_policy_change``, i.e. what a sync that
+loaded nothing would show) was 4.1e-2. 1e-3 sits 14× above the largest honest gap and 40× below the
+smallest stale one. 16-bit engines round each logit to ~3 significant digits: 0.05.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 __all__ = ["ProbeBatch", "build_probe", "default_tolerance", "max_gap"]
 
-FLOAT32_TOLERANCE = 1e-4
+FLOAT32_TOLERANCE = 1e-3
 HALF_TOLERANCE = 5e-2
 
 
