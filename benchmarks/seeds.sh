@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A recipe over several seeds, each in its own RLPIPE_HOME, one after the other; prints base → final.
+#   bash benchmarks/seeds.sh OUT_DIR "0 1 2"                       # `rlpipe demo --set seed=N` (~8 min each)
+#   bash benchmarks/seeds.sh OUT_DIR "0 1 2" SFT.yaml RL.yaml      # `rlpipe sft SFT.yaml`, then `rlpipe run RL.yaml`
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?OUT_DIR}
+seeds=${2:-0 1 2}
+sft=${3:-} rl=${4:-}
+mkdir -p "$out"
+export PYTHONHASHSEED=0 PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 PREFECT_SERVER_ANALYTICS_ENABLED=false
+for seed in $seeds; do
+  export RLPIPE_HOME="$out/seed$seed"
+  rm -rf "$RLPIPE_HOME"
+  start=$(date +%s)
+  if [ -z "$sft" ]; then
+    "$root/.venv/bin/rlpipe" demo --set seed="$seed" > "$out/seed$seed.log" 2>&1
+  else
+    "$root/.venv/bin/rlpipe" sft "$root/$sft" --set seed="$seed" > "$out/seed$seed-sft.log" 2>&1
+    "$root/.venv/bin/rlpipe" run "$root/$rl" --set seed="$seed" > "$out/seed$seed-rl.log" 2>&1
+  fi
+  echo "seed $seed: $(( $(date +%s) - start )) s"
+done
+"$root/.venv/bin/python" - "$out" $seeds <<'PY'
+import json, sys, pathlib
+out, seeds = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print("| seed | SFT steps | base (test) | final (test) | gain | final validation | RL iterations | RL s | mismatch abs_max |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+gains = []
+for seed in seeds:
+    runs = out / f"seed{seed}" / "runs"
+    rl = next(runs.glob("rl-*/summary.json"))
+    r, s = json.loads(rl.read_text()), json.loads(next(runs.glob("sft-*/summary.json")).read_text())
+    progress = json.loads((rl.parent / "progress.json").read_text())
+    mm = max(h.get("mismatch/abs_max", 0.0) for h in progress["history"])
+    val = progress.get("final_validation_accuracy")
+    gain = 100 * (r["heldout_accuracy_final"] - r["heldout_accuracy_base"])
+    gains.append(gain)
+    print(f"| {seed} | {s.get('sft_steps')} | {r['heldout_accuracy_base']:.1%} | {r['heldout_accuracy_final']:.1%} | "
+          f"{gain:+.1f} | {'—' if val is None else f'{val:.1%}'} | {r['iterations_done']} | {r['wall_s']:.0f} | {mm:.2e} |")
+print(f"gain: min {min(gains):+.1f}, mean {sum(gains) / len(gains):+.1f}, max {max(gains):+.1f} points")
+PY
