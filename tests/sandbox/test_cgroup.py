@@ -127,14 +127,10 @@ def _pool_worker(conn) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("method", ["forkserver", "fork"])
-def test_a_multiprocessing_worker_removes_its_groups_when_it_returns(report, method):
-    """multiprocessing children leave through os._exit (no atexit), like the verifier pool's workers.
-    A forked one inherits its parent's groups and must leave them alone."""
-    need(report, "cgroup")
+def _worker_scenario(method: str) -> dict:
+    """A parent with an idle sandbox group starts a multiprocessing worker that runs the sandbox and returns."""
     assert run_python("print(1)").status == "ok"  # the parent's own idle group, kept for reuse
     mine = cgroups_of(_cgroup.owner_id())
-    assert mine
     ctx = mp.get_context(method)
     parent, child = ctx.Pipe()
     worker = ctx.Process(target=_pool_worker, args=(child,))
@@ -142,8 +138,30 @@ def test_a_multiprocessing_worker_removes_its_groups_when_it_returns(report, met
     child.close()
     status, owner, groups = parent.recv()
     worker.join(30)
-    assert worker.exitcode == 0 and status == "ok"
-    assert groups, "the worker made no group (nothing to test)"
-    assert not [g for g in groups if Path(g).exists()], f"the worker's groups outlived it: {groups}"
-    assert cgroups_of(owner) == []
-    assert cgroups_of(_cgroup.owner_id()) == mine, "the worker removed its parent's groups"
+    return {"exitcode": worker.exitcode, "status": status, "groups": groups, "left": [g for g in groups if Path(g).exists()],
+            "owner_left": [str(p) for p in cgroups_of(owner)], "mine": [str(p) for p in mine],
+            "mine_after": [str(p) for p in cgroups_of(_cgroup.owner_id())]}
+
+
+@pytest.mark.parametrize("method", ["forkserver", "fork"])
+def test_a_multiprocessing_worker_removes_its_groups_when_it_returns(report, method):
+    """multiprocessing children leave through os._exit (no atexit), like the verifier pool's workers.
+    A forked one inherits its parent's groups and must leave them alone.
+
+    The parent is a fresh interpreter: forking this pytest process, which by now holds torch, vLLM
+    and gloo threads, gives a child whose exit is not ours to judge (the pool itself uses forkserver)."""
+    import json
+
+    need(report, "cgroup")
+    code = f"import json; from tests.sandbox.test_cgroup import _worker_scenario; print(json.dumps(_worker_scenario({method!r})))"
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHONPATH": f"{root / 'src'}:{root}"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["mine"], "the parent made no group (nothing to test)"
+    assert r["exitcode"] == 0 and r["status"] == "ok", proc.stderr[-3000:]
+    assert r["groups"], "the worker made no group (nothing to test)"
+    assert not r["left"], f"the worker's groups outlived it: {r['groups']}"
+    assert r["owner_left"] == []
+    assert r["mine_after"] == r["mine"], "the worker removed its parent's groups"
