@@ -37,7 +37,7 @@ def _local_model(spec: str | None, config: RunConfig) -> str | None:
 def _resume_point(config: RunConfig, run_id: str, dataset_version: str, allow_change: bool) -> tuple[dict[str, Any], list[str]]:
     """The progress to continue from: this machine's when its state is intact, else the object store's
     last save point (its state downloaded), whichever is further along; {} for a new run."""
-    from rlpipe.resume import check_resume
+    from rlpipe.resume import ResumeRefused, check_resume
 
     state, log = run_state(config, run_id), run_logger()
     local, saved = state.read_local(), state.read_saved()
@@ -50,9 +50,11 @@ def _resume_point(config: RunConfig, run_id: str, dataset_version: str, allow_ch
     if saved:
         options.append((saved["completed_iteration"], 0, saved))
     if not options:
-        progress = local if local and local.get("completed_iteration", -1) < 0 else {}
-        if local and progress is not local:
-            log.warning("run %s: nothing to resume from in %s; starting at iteration 0", run_id, state.store.url(""))
+        if local and local.get("completed_iteration", -1) >= 0:  # never a silent restart from 0
+            raise ResumeRefused(
+                f"run {run_id} completed iteration {local['completed_iteration']}, but its state is gone from this "
+                f"machine and {state.store.url('')} holds no save point; start a new --run-id")
+        progress = local or {}
         return progress, check_resume(progress, config, dataset_version, allow_change) if progress else []
     k, where, progress = max(options, key=lambda o: (o[0], o[1]))
     changes = check_resume(progress, config, dataset_version, allow_change)
