@@ -95,3 +95,23 @@ def test_resume_rules_by_hand():
     with pytest.raises(ResumeRefused, match="train.lr"):
         check_resume(progress, b, "d1", False)
     assert check_resume(progress, b, "d1", True) == ["train.lr: 0.0001 → 0.0002"]
+
+
+def test_progress_without_its_state_and_no_save_point_is_refused_not_restarted():
+    """A run that finished iterations here, whose state folder was cleaned and which never reached a
+    save point in the store, cannot continue: it is refused (exit 4), never silently begun again."""
+    from flows.train import _resume_point
+    from tasks.rl import run_state
+
+    config = load_config(None, ["train.save_interval=100"])
+    state = run_state(config, "rl-gone")
+    assert state.read_saved() is None
+    state.write_local({"completed_iteration": 1, "config": config.flat(), "dataset_version": "d1",
+                       "resume_dir": str(settings().run_dir("rl-gone") / "state" / "iter=1"), "policy_version": "ab" * 32})
+    with pytest.raises(ResumeRefused, match="completed iteration 1, but its state is gone .* start a new --run-id"):
+        _resume_point(config, "rl-gone", "d1", allow_change=True)
+    assert state.read_local()["completed_iteration"] == 1  # nothing lost: the record stays for a person to read
+
+    fresh = run_state(config, "rl-new")  # a run that never finished an iteration starts at 0, as asked
+    fresh.write_local({"completed_iteration": -1, "config": config.flat(), "dataset_version": "d1"})
+    assert _resume_point(config, "rl-new", "d1", allow_change=False)[0]["completed_iteration"] == -1
