@@ -47,9 +47,10 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
                                          test_accuracy=ev["accuracy"] if ev else None)
         fault_point(iteration, "register")
     metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start)
+    _hacking_alert(config, run_id, iteration, metrics)
     # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
     Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, iteration)
-    _record(config, run_id, iteration, metrics, u, ev, val, registered, save_point)
+    _record(config, run_id, iteration, draws, metrics, u, ev, val, registered, save_point)
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",
         iteration, metrics["reward_mean"], metrics["accuracy"],
@@ -63,9 +64,11 @@ def _draws(config: RunConfig, run_id: str, iteration: int) -> list[tuple[dict[st
     """Rollout + verify; with DAPO dynamic sampling, more draws until enough groups carry a signal."""
     draws = []
     with_signal = 0.0
+    norm = (read_progress(run_id) or {}).get("reward_norm")  # RLHF: the normaliser after the last iteration
     for draw in range(1 + (config.rollout.max_extra_draws if config.rollout.dynamic_sampling else 0)):
         r = rollout(config, run_id, iteration, draw)
-        v = verify(config, run_id, iteration, r, draw)
+        v = verify(config, run_id, iteration, r, draw, reward_norm=norm)
+        norm = v.get("reward_norm", norm)
         draws.append((r, v))
         with_signal += v.get("groups_with_signal", 0.0)
         if with_signal >= config.rollout.batch_size:
@@ -101,23 +104,48 @@ def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, An
            "alerts": float(len(v.get("alerts", []))),
            "invalid_share": 1.0 - v["status_ok"]}  # what the circuit breaker counts
     )
+    metrics |= {k: v[k] for k in ("rm_score_mean", "true_reward_mean") if k in v}
     if ev:
         metrics["heldout_accuracy"] = ev["accuracy"]
         if val["accuracy"] is not None:
             metrics["validation_accuracy"] = val["accuracy"]
+        for key, src in (("heldout", ev), ("validation", val)):
+            for what in ("true_score", "rm_score"):
+                if src.get(what) is not None:
+                    metrics[f"{key}_{what}"] = src[what]
     return metrics
 
 
-def _record(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float], u: dict[str, Any],
+def _hacking_alert(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
+    """Reward hacking made visible: the held-out reward-model score rising while the true score falls."""
+    from rlpipe.rewards.model import reward_hacking
+
+    if "heldout_rm_score" not in metrics or "heldout_true_score" not in metrics:
+        return
+    past = [h for h in (read_progress(run_id) or {}).get("history", [])
+            if h["iteration"] < iteration and "heldout_rm_score" in h and "heldout_true_score" in h]
+    rm = [h["heldout_rm_score"] for h in past] + [metrics["heldout_rm_score"]]
+    true = [h["heldout_true_score"] for h in past] + [metrics["heldout_true_score"]]
+    alert = reward_hacking(rm, true, config.reward.hacking_window)
+    metrics["alerts/reward_hacking"] = float(alert is not None)
+    if alert:
+        metrics["alerts"] = metrics.get("alerts", 0.0) + 1
+        run_logger().warning("ALERT iteration %d: %s", iteration, alert)
+
+
+def _record(config: RunConfig, run_id: str, iteration: int, draws: list, metrics: dict[str, float], u: dict[str, Any],
             ev: dict[str, Any] | None, val: dict[str, Any] | None, registered: dict[str, Any] | None, save_point: bool) -> None:
     """The iteration's line in the progress; at a save point the store's record first, then this machine's."""
     progress = read_progress(run_id) or {}
     history = [h for h in progress.get("history", []) if h["iteration"] < iteration]
     history.append({"iteration": iteration} | metrics)
+    norm = next((dv["reward_norm"] for _, dv in reversed(draws) if "reward_norm" in dv), progress.get("reward_norm"))
     progress = progress | {
-        "completed_iteration": iteration, "resume_dir": u["state_dir"], "weights_sha256": u["weights_sha256"],
+        "reward_norm": norm, "completed_iteration": iteration, "resume_dir": u["state_dir"], "weights_sha256": u["weights_sha256"],
         "history": history, "last_registered": registered["version"] if registered else progress.get("last_registered"),
         "final_accuracy": ev["accuracy"] if ev else progress.get("final_accuracy"),
+        "final_true_score": ev["true_score"] if ev else progress.get("final_true_score"),
+        "final_rm_score": ev["rm_score"] if ev else progress.get("final_rm_score"),
         "final_validation_accuracy": val["accuracy"] if val else progress.get("final_validation_accuracy"),
     }
     if save_point:

@@ -93,13 +93,16 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             config.train.critic.model = _local_model(critic_spec, config)
     try:
         services = start_services(config, run_id, dataset, model_dir, resume_dir)
+        _check_reward_model(run_id, progress, services, allow_config_change)
         if "base_accuracy" not in progress:
             base = evaluate(config, run_id, "test")
             val = evaluate(config, run_id, "validation")
             progress = progress | {"base_accuracy": base["accuracy"], "base_validation_accuracy": val["accuracy"],
                                    "base_policy": base["policy_version"], "heldout_n": base["n"],
                                    "dataset_version": dataset["version"], "config_fingerprint": config.fingerprint(),
-                                   "resume_fingerprint": resume_fingerprint(config), "config": config.flat()}
+                                   "resume_fingerprint": resume_fingerprint(config), "config": config.flat(),
+                                   "reward_model_version": services.get("reward_model_version"),
+                                   "base_true_score": base["true_score"], "base_rm_score": base["rm_score"]}
             write_progress(run_id, progress)
             log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"], "validation_accuracy": val["accuracy"]}, -1)
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
@@ -119,6 +122,19 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     path = write_summary(settings(), run_id, summary)
     log.info("summary: %s", path)
     return str(path)
+
+
+def _check_reward_model(run_id: str, progress: dict[str, Any], services: dict[str, Any], allow_change: bool) -> None:
+    """A resumed RLHF run scores with the reward model it started with: an alias that moved meanwhile
+    (``@best`` of a newer fit) would change the reward in the middle of the run."""
+    from rlpipe.resume import ResumeRefused
+
+    before, now = progress.get("reward_model_version"), services.get("reward_model_version")
+    if before and now and before != now:
+        if not allow_change:
+            raise ResumeRefused(f"run {run_id} was trained against reward model {before}, which now resolves to {now}; "
+                                "pin reward.model to the first (models:/NAME/VERSION) or pass --allow-config-change")
+        run_logger().warning("run %s: reward model %s → %s (--allow-config-change)", run_id, before, now)
 
 
 def _record_change(config: RunConfig, run_id: str, mlflow_run: str, progress: dict[str, Any], changes: list[str]) -> None:
@@ -152,7 +168,7 @@ def _account_outer_time(config: RunConfig, run_id: str, k: int, mlflow_run: str,
 
 def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run: str, progress: dict[str, Any],
              services: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    from rlpipe.tracking.plots import reward_curve
+    from rlpipe.tracking.plots import reward_curve, rm_vs_true_curve
 
     history = progress.get("history", [])
     stage_keys = ["generate_s", "verify_s", "update_s", "sync_s", "eval_s", "save_s"]
@@ -165,6 +181,10 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
     from tasks.tracking import log_artifact
 
     log_artifact(config, mlflow_run, str(plot))
+    hacking = rm_vs_true_curve(history, run_dir(run_id) / "rm_vs_true.png", f"reward model vs true score ({run_id})",
+                               (progress.get("base_rm_score"), progress.get("base_true_score")))
+    if hacking:
+        log_artifact(config, mlflow_run, str(hacking))
     return {
         "kind": "rl",
         "algorithm": config.train.algorithm,
@@ -174,6 +194,13 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "heldout_accuracy_base": progress.get("base_accuracy"),
         "heldout_accuracy_final": progress.get("final_accuracy"),
         "heldout_n": progress.get("heldout_n"),
+        "reward_type": config.reward.type,
+        "reward_model_version": progress.get("reward_model_version"),
+        "heldout_true_score_base": progress.get("base_true_score"),
+        "heldout_true_score_final": progress.get("final_true_score"),
+        "heldout_rm_score_base": progress.get("base_rm_score"),
+        "heldout_rm_score_final": progress.get("final_rm_score"),
+        "reward_hacking_alerts": int(sum(h.get("alerts/reward_hacking", 0.0) for h in history)),
         "registered_model": {"name": config.registered_model, "version": progress.get("last_registered")},
         "final_policy_version": progress.get("weights_sha256"),
         "engine": services.get("engine"),
@@ -182,6 +209,7 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "iteration_seconds_mean": round(iter_total / max(len(history), 1), 3),
         "overhead_share": round(breakdown["overhead_s"] / max(iter_total - breakdown["eval_s"], 1e-9), 4),
         "reward_curve_png": str(plot),
+        "rm_vs_true_png": str(hacking) if hacking else None,
         "mlflow_run_id": mlflow_run,
         "wall_s": round(wall_s, 2),
     }

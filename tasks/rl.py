@@ -25,7 +25,7 @@ from rlpipe.rewards.guards import (
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.batch import (
-    apply_overlong_penalty, batch_metrics, filter_groups, generate_table, score_table, select_prompts, table_to_samples,
+    apply_overlong_penalty, apply_verdicts, batch_metrics, filter_groups, generate_table, score_table, select_prompts, table_to_samples,
 )
 from rlpipe.rollout.engines import get_engine
 from rlpipe.resume import RunState, resume_fingerprint
@@ -117,12 +117,81 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     )
     proof = start_probe(svc, config)  # the engine and the trainer hold the same policy, shown on the engine
     svc.pool = _verifier_pool(config)
+    svc.prompts = {r["id"]: r for r in rows}
+    svc.reward_model = _reward_model(config) if config.reward.type == "model" else None
     pool = svc.pool
     register_services(svc)
-    log.info("services up in %.1f s (engine %s %.1f s, verifier %s); policy %s", time.perf_counter() - start,
-             engine.name, engine_s, settings().verifier_url or f"{pool.size} local workers", expected[:12])
+    log.info("services up in %.1f s (engine %s %.1f s, verifier %s%s); policy %s", time.perf_counter() - start,
+             engine.name, engine_s, settings().verifier_url or f"{pool.size} local workers",
+             f", reward model {svc.reward_model.version}" if svc.reward_model else "", expected[:12])
     return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start,
-            "sandbox_level": sandbox_level, "probe_max_abs_diff": proof}
+            "sandbox_level": sandbox_level, "probe_max_abs_diff": proof,
+            "reward_model_version": svc.reward_model.version if svc.reward_model else None,
+            "reward_stats": svc.reward_model.stats if svc.reward_model else None}
+
+
+def _reward_model(config: RunConfig):
+    """The reward-model service when RLPIPE_REWARD_MODEL_URL is set, else the model in this process."""
+    from rlpipe.rewards.model import LocalRewardModel, RemoteRewardModel
+
+    url = settings().reward_model_url
+    if url:
+        rm = RemoteRewardModel(url)
+        if not rm.healthy():
+            run_logger().warning("ALERT reward-model service %s is not healthy; samples it cannot score get status "
+                                 "skipped", url)
+        return rm
+    from rlpipe.training.models import load_reward_model
+
+    return LocalRewardModel(load_reward_model(config.reward_model_spec, settings(), config))
+
+
+def _score(config: RunConfig, svc: RunServices, table: pa.Table, norm_state: dict[str, float] | None
+           ) -> tuple[pa.Table, dict[str, Any]]:
+    """Verdicts of every reward source the config names, mixed by weight (RLHF: the reward model, its score
+    normalised when asked, and any verifiers); the hidden true score of each row is measured beside it."""
+    weights = config.reward.source_weights()
+    if weights == {"": 1.0}:
+        return score_table(svc.pool, table, svc.ground_truth)
+    from rlpipe.algorithms.preference import RunningNorm
+    from rlpipe.rewards.model import RMItem, mix_rewards, normalise_results
+
+    rows, start, stats, results = table.to_pylist(), time.perf_counter(), {}, {}
+    own = svc.pool.score([VerifyItem(r["verifier"], r["response_text"] or "", svc.ground_truth.get(r["prompt_id"])) for r in rows])
+    true_ok = [v.reward for v in own if v.status == "ok"]
+    stats |= {"true_reward_mean": sum(true_ok) / len(true_ok) if true_ok else float("nan"),
+              "true_accuracy": sum(x == 1.0 for x in true_ok) / max(len(rows), 1)}
+    for name in weights:
+        if name == "model":
+            items = [RMItem(svc.prompts[r["prompt_id"]]["prompt"], r["response_text"] or "", svc.prompts[r["prompt_id"]]["chat"])
+                     for r in rows]
+            res = svc.reward_model.score(items)
+            raw = [v.reward for v in res if v.status == "ok"]
+            stats["rm_score_mean"] = sum(raw) / len(raw) if raw else float("nan")
+            if config.reward.normalize:
+                norm = RunningNorm(**norm_state) if norm_state else _seed_norm(config, svc)
+                res = normalise_results(res, norm, config.reward.clip)
+                stats["reward_norm"] = norm.state_dict()
+            results[name] = res
+        else:
+            results[name] = own if name == "" else svc.pool.score(
+                [VerifyItem(name, r["response_text"] or "", svc.ground_truth.get(r["prompt_id"])) for r in rows])
+    label = "+".join("rm" if n == "model" else (n or "verifier") for n in weights)
+    version = svc.reward_model.version if "model" in weights else None
+    verify_s = time.perf_counter() - start
+    scored = apply_verdicts(rows, mix_rewards(results, weights), [(label, version)] * len(rows), verify_s)
+    return scored, stats | {"verify_s": verify_s, "verify_per_s": len(rows) / max(verify_s, 1e-9)}
+
+
+def _seed_norm(config: RunConfig, svc: RunServices):
+    """The normaliser's start: the reward model's registered statistics, weighted as one iteration's batch."""
+    from rlpipe.algorithms.preference import RunningNorm
+
+    st = svc.reward_model.stats or {}
+    if "mean" not in st:
+        return RunningNorm()
+    weight = min(float(st.get("count", 1.0)), float(config.rollout.batch_size * config.rollout.samples_per_prompt))
+    return RunningNorm.seeded(float(st["mean"]), float(st["std"]), weight)
 
 
 def _verifier_pool(config: RunConfig):
@@ -201,10 +270,14 @@ def _retry_unless_guard(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="verify", retries=1, retry_delay_seconds=1, retry_condition_fn=_retry_unless_guard, cache_policy=NO_CACHE,
       timeout_seconds=3600)
-def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any], draw: int = 0) -> dict[str, Any]:
+def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any], draw: int = 0,
+           reward_norm: dict[str, float] | None = None) -> dict[str, Any]:
+    """Score the rollout. ``reward_norm``: the reward normaliser's state before this draw (RLHF)."""
     store = _store(config)
     prefix = stage_prefix(run_id, iteration, _stage("verify", draw))
     inputs = {"rollout_written_at": rollout_ref["written_at"]}  # scores of exactly the rollout in use
+    if config.reward.normalize:
+        inputs["reward_norm_in"] = reward_norm  # ... normalised from exactly this state
     if store.stage_done(prefix):
         meta = store.read_manifest(prefix)["meta"]
         if _reusable(config, meta, inputs, f"verify {prefix}"):
@@ -216,7 +289,7 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
     healthy = svc.pool.healthy()  # every iteration, not only at start
     if not healthy:
         run_logger().warning("ALERT iteration %d: verifier pool/service not healthy; unscorable samples are counted", iteration)
-    scored, stats = score_table(svc.pool, table, svc.ground_truth)
+    scored, stats = _score(config, svc, table, reward_norm)
     rows = scored.to_pylist()
     stats |= check_rows_isolation(rows, config.reward.required_sandbox_components())
     stats |= {"verifier/healthy": float(healthy), "verifier/restarts": float(getattr(svc.pool, "restarts", 0))}
@@ -229,8 +302,11 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
         stats |= pen
     # With dynamic sampling an all-equal batch is expected: its groups are dropped, not an alert.
     metrics, alerts = batch_metrics(scored, flat_batch_alert=not config.rollout.dynamic_sampling)
-    if getattr(svc.pool, "last_problem", None):  # the verifier service was down, refused or slow
-        alerts.append(svc.pool.last_problem)
+    if "true_accuracy" in stats:  # RLHF: accuracy is the hidden verifier's, not "reward == 1"
+        metrics["accuracy"] = stats.pop("true_accuracy")
+    for source in (svc.pool, svc.reward_model):  # a verifier or reward-model service was down, refused or slow
+        if getattr(source, "last_problem", None):
+            alerts.append(source.last_problem)
     for a in alerts:
         run_logger().warning("ALERT iteration %d: %s", iteration, a)
     meta = stats | metrics | inputs | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s, "draw": draw,
@@ -347,20 +423,29 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
 
 @task(name="evaluate", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
 def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, Any]:
-    """Greedy accuracy of the policy the engine holds now on ``split`` (verdicts from the verifier pool):
-    'validation' chooses ``best``, 'test' is reported."""
+    """Greedy answers of the policy the engine holds now on ``split``, judged by each row's verifier:
+    ``accuracy`` (reward 1) and ``true_score`` (mean reward); with a reward model also its mean raw
+    score, ``rm_score``. 'validation' chooses ``best``, 'test' is reported."""
     svc = services(run_id)
     start = time.perf_counter()
     rows = svc.test_rows if split == "test" else svc.validation_rows
     if not rows:
-        return {"accuracy": None, "n": 0, "eval_s": 0.0, "policy_version": svc.engine.weights_sha256()}
+        return {"accuracy": None, "true_score": None, "rm_score": None, "n": 0, "eval_s": 0.0,
+                "policy_version": svc.engine.weights_sha256()}
     prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
                for r in rows]
     outs = svc.engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens))
     verdicts = svc.pool.score([VerifyItem(r["task"], o[0].text, svc.ground_truth[r["id"]]) for r, o in zip(rows, outs)])
-    correct = sum(1 for v in verdicts if v.status == "ok" and v.reward == 1.0)
-    return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "eval_s": time.perf_counter() - start,
-            "policy_version": svc.engine.weights_sha256()}
+    ok = [v.reward for v in verdicts if v.status == "ok"]
+    out = {"accuracy": sum(1 for x in ok if x == 1.0) / max(len(rows), 1), "true_score": sum(ok) / len(ok) if ok else None,
+           "rm_score": None, "n": len(rows)}
+    if svc.reward_model is not None:
+        from rlpipe.rewards.model import RMItem
+
+        rm = svc.reward_model.score([RMItem(r["prompt"], o[0].text, r["chat"]) for r, o in zip(rows, outs)])
+        scores = [v.reward for v in rm if v.status == "ok"]
+        out["rm_score"] = sum(scores) / len(scores) if scores else None
+    return out | {"eval_s": time.perf_counter() - start, "policy_version": svc.engine.weights_sha256()}
 
 
 @task(name="upload-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)

@@ -28,14 +28,16 @@ def register_checkpoint(
     aliases: tuple[str, ...],
     accuracy: float | None = None,
     test_accuracy: float | None = None,
+    model_name: str | None = None,
+    extra_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Register a checkpoint once; moves ``best`` to it when its **validation** accuracy (``accuracy``)
     beats the current best's. The test accuracy is a tag for reports, never a selection criterion.
 
     An iteration redone after a kill finds its version (same run, iteration and weights) and returns it
-    without registering again or moving an alias."""
+    without registering again or moving an alias. ``model_name`` defaults to the policy's registry name."""
     tracker = Tracker(settings(), config)
-    name = config.registered_model
+    name = model_name or config.registered_model
     existing = _registered(tracker, name, run_id, iteration)
     if existing is not None:
         if existing.tags.get("weights_sha256") != checkpoint["weights_sha256"]:
@@ -46,6 +48,7 @@ def register_checkpoint(
         return asdict(existing)
     parent = tracker.version_by_alias(name, "latest")
     extra = {k: f"{v:.6f}" for k, v in (("validation_accuracy", accuracy), ("test_accuracy", test_accuracy)) if v is not None}
+    extra |= extra_tags or {}
     mv = tracker.register_checkpoint(
         name, checkpoint["checkpoint_uri"], mlflow_run_id, rlpipe_run_id=run_id, iteration=iteration,
         config_fingerprint=config.fingerprint(), dataset_version=dataset_version,

@@ -115,6 +115,11 @@ def data_validate(
         except ImportError as e:
             typer.echo(f"--plugin {module}: cannot import it ({e}); give an importable module name", err=True)
             raise typer.Exit(2) from None
+    from rlpipe.data.preferences import is_preference_file
+
+    if file.exists() and is_preference_file(file):
+        _validate_preferences(file, as_json)
+        return
     try:
         table = load_prompts(file)
     except PromptFileError as e:
@@ -125,6 +130,23 @@ def data_validate(
         typer.echo(json.dumps(f.to_dict()) if as_json else str(f))
     status = f"{len(findings)} finding(s)" if findings else "ok"
     typer.echo(f"{file}: {table.num_rows} rows, {status}; version {dataset_version(table)}", err=as_json)
+    if findings:
+        raise typer.Exit(1)
+
+
+def _validate_preferences(file: Path, as_json: bool) -> None:
+    """Preference pairs (rows with chosen/rejected): every finding names the row; exit 1 if any."""
+    from rlpipe.data.preferences import PreferenceFileError, load_preferences, preference_version
+
+    try:
+        table, findings = load_preferences(file)
+    except PreferenceFileError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    for f in findings:
+        typer.echo(json.dumps(f.to_dict()) if as_json else str(f))
+    status = f"{len(findings)} finding(s)" if findings else "ok"
+    typer.echo(f"{file}: {table.num_rows} preference pairs, {status}; version {preference_version(table)}", err=as_json)
     if findings:
         raise typer.Exit(1)
 
@@ -180,6 +202,32 @@ def _print_rl(summary: dict) -> None:
     typer.echo(f"  reward curve        {summary['reward_curve_png']}")
 
 
+def _run_rm(cfg: RunConfig, run_id: str | None) -> dict:
+    _prefect_env()
+    from flows.reward_model import rm_train
+
+    path = rm_train(config=cfg, run_id=run_id or "")
+    return json.loads(Path(path).read_text()) | {"_path": path}
+
+
+@app.command("rm-train")
+def rm_train_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None) -> None:
+    """Train a reward model on preference pairs (Bradley–Terry); registers it as `<task>-rm` (`best` follows
+    validation pair accuracy). Prints summary.json's path last."""
+    from tasks.reward_model import PreferencesInvalid
+
+    cfg = _load(config, set_)
+    try:
+        summary = _run_rm(cfg, run_id)
+    except PreferencesInvalid as e:
+        typer.echo(f"rlpipe rm-train: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"reward model {summary['registered_model']['name']} v{summary['registered_model']['version']}: "
+               f"pair accuracy validation {summary['rm_validation_pair_accuracy']:.3f}, test {summary['rm_pair_accuracy']:.3f} "
+               f"(n={summary['rm_test_pairs']}), {summary['rm_steps']} steps")
+    typer.echo(summary["_path"])
+
+
 @app.command("sft")
 def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None) -> None:
     """Supervised warm-up of the policy; registers it as `base`. Prints summary.json's path last."""
@@ -188,27 +236,88 @@ def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Opt
     typer.echo(summary["_path"])
 
 
-@app.command("demo")
-def demo(set_: SetOpt = None, sft_only: Annotated[bool, typer.Option(help="Stop after the base model.")] = False) -> None:
-    """Data → SFT base model (once) → GRPO; prints accuracy before/after, a reward curve and where to look."""
-    from rlpipe.tracking.mlflow_utils import Tracker, mlflow_ui_command
+# The RLHF demo's recipe (configs/sft-rm-grpo-rlhf.yaml spells out the same): arithmetic prompts whose
+# hidden true quality is `closeness`; the reward model learns it from noisy preference pairs only.
+RLHF_DEMO = [
+    "task.name=arithmetic-rlhf", "task.dataset=builtin:arithmetic-rlhf", "reward.type=model",
+    "rm.steps=400", "rm.lr=3e-4", "rm.eval_every=25", "rm.patience=6",
+    "train.total_iterations=60", "train.eval_interval=10", "train.save_interval=20",
+]
 
-    cfg = _load(None, set_)
+
+@app.command("demo")
+def demo(
+    which: Annotated[str, typer.Argument(help="rlvr: SFT → GRPO with a verifier (default); rlhf: SFT → reward model → GRPO against it.")] = "rlvr",
+    set_: SetOpt = None, sft_only: Annotated[bool, typer.Option(help="Stop after the base model.")] = False,
+) -> None:
+    """Data → SFT base model (once) → RL; prints accuracy before/after, a reward curve and where to look.
+    `rlpipe demo rlhf` adds a reward model between SFT and RL and reports true vs reward-model score."""
+    if which not in ("rlvr", "rlhf"):
+        typer.echo(f"rlpipe demo: unknown demo {which!r}; use rlvr or rlhf", err=True)
+        raise typer.Exit(2)
+    cfg = _load(None, (RLHF_DEMO if which == "rlhf" else []) + (set_ or []))
     s = settings()
-    base = Tracker(s, cfg).version_by_alias(cfg.registered_model, "base")
-    if base is None or base.tags.get("config_fingerprint") != cfg.fingerprint():
-        _demo_sft(cfg, s)
-    else:
-        typer.echo(f"base model: {cfg.registered_model} v{base.version} (registered earlier; `rm -r {s.home}` to retrain)")
+    _demo_base(cfg, s)
     if sft_only:
+        return
+    if which == "rlhf":
+        _demo_rlhf(cfg, s)
         return
     rl_cfg = cfg.model_copy(deep=True)
     rl_cfg.task.policy_model = f"models:/{cfg.registered_model}@base"
     summary = _run_rl(rl_cfg, None)
     _print_rl(summary)
+    _demo_links(s)
+    typer.echo(summary["_path"])
+
+
+def _demo_base(cfg: RunConfig, s) -> None:
+    from rlpipe.tracking.mlflow_utils import Tracker
+
+    base = Tracker(s, cfg).version_by_alias(cfg.registered_model, "base")
+    if base is None or base.tags.get("config_fingerprint") != cfg.fingerprint():
+        _demo_sft(cfg, s)
+    else:
+        typer.echo(f"base model: {cfg.registered_model} v{base.version} (registered earlier; `rm -r {s.home}` to retrain)")
+
+
+def _demo_links(s) -> None:
+    from rlpipe.tracking.mlflow_utils import mlflow_ui_command
+
     typer.echo(f"\nBrowse the runs:\n  MLflow:  {mlflow_ui_command(s)}   # then http://127.0.0.1:5000")
     typer.echo("  Prefect: prefect server start   # then http://127.0.0.1:4200 (flow runs rl-train and rl-iteration)")
-    typer.echo(summary["_path"])
+
+
+def _demo_rlhf(cfg: RunConfig, s) -> None:
+    """SFT base → reward model on the base's trunk → GRPO against the reward model (pinned to that version)."""
+    import time
+
+    from rlpipe.runs import new_run_id, write_summary
+
+    start = time.time()
+    rm_cfg = cfg.model_copy(deep=True)
+    rm_cfg.rm.base_model = f"models:/{cfg.registered_model}@base"
+    rm = _run_rm(rm_cfg, None)
+    typer.echo(f"\nreward model {rm['registered_model']['name']} v{rm['registered_model']['version']}: held-out pair "
+               f"accuracy {rm['rm_pair_accuracy']:.3f} (n={rm['rm_test_pairs']}), {rm['rm_steps']} steps in {rm['rm_train_s']:.0f} s")
+    rl_cfg = cfg.model_copy(deep=True)
+    rl_cfg.task.policy_model = f"models:/{cfg.registered_model}@base"
+    rl_cfg.reward.model = f"models:/{rm['registered_model']['name']}/{rm['registered_model']['version']}"
+    rl = _run_rl(rl_cfg, None)
+    _print_rl(rl)
+    keys = ("heldout_true_score_base", "heldout_true_score_final", "heldout_rm_score_base", "heldout_rm_score_final")
+    summary = {"kind": "rlhf-demo", "rm_pair_accuracy": rm["rm_pair_accuracy"], **{k: rl[k] for k in keys},
+               "heldout_accuracy_base": rl["heldout_accuracy_base"], "heldout_accuracy_final": rl["heldout_accuracy_final"],
+               "reward_hacking_alerts": rl["reward_hacking_alerts"], "reward_model": rl["reward_model_version"],
+               "rm_summary": rm["_path"], "rl_summary": rl["_path"], "rm_vs_true_png": rl.get("rm_vs_true_png"),
+               "wall_s": round(time.time() - start, 1)}
+    path = write_summary(s, new_run_id("rlhf-demo"), summary)
+    typer.echo(f"  true score (hidden)  base {summary['heldout_true_score_base']:.3f}  →  final "
+               f"{summary['heldout_true_score_final']:.3f}   ({summary['heldout_true_score_final'] - summary['heldout_true_score_base']:+.3f})")
+    typer.echo(f"  reward-model score   base {summary['heldout_rm_score_base']:.3f}  →  final {summary['heldout_rm_score_final']:.3f}")
+    typer.echo(f"  reward hacking       {summary['reward_hacking_alerts']} alert(s); curve {summary['rm_vs_true_png']}")
+    _demo_links(s)
+    typer.echo(str(path))
 
 
 def _demo_sft(cfg: RunConfig, s) -> None:
@@ -267,6 +376,28 @@ def verifier_audit(
     if out:
         out.write_text(json.dumps(report, indent=2))
         typer.echo(f"report: {out}")
+
+
+@serve_app.command("reward-model")
+def serve_reward_model(
+    model_uri: Annotated[str, typer.Argument(help="The reward model: a folder or models:/NAME@ALIAS (e.g. models:/rlpipe-arithmetic-rlhf-rm@best).")],
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8766,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait; more are refused with 429.")] = 64,
+    max_batch_items: Annotated[int, typer.Option(help="Most items scored in one forward batch (concurrent requests are micro-batched).")] = 512,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request without timeout_s waits before its items get status timeout.")] = 30.0,
+) -> None:
+    """HTTP reward-model service: /health, batch /score, /metrics. Point runs at it with RLPIPE_REWARD_MODEL_URL."""
+    from rlpipe.services.reward_model import serve
+    from rlpipe.training.models import load_reward_model
+
+    try:
+        scorer = load_reward_model(model_uri, settings())
+    except (LookupError, FileNotFoundError) as e:
+        typer.echo(f"serve reward-model: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"reward-model service {scorer.version} on http://{host}:{port} (queue {max_queue}, batch ≤ {max_batch_items})", err=True)
+    serve(scorer, host=host, port=port, max_queue=max_queue, max_batch_items=max_batch_items, request_timeout_s=request_timeout)
 
 
 @serve_app.command("verifier")

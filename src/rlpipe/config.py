@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "ConfigError",
+    "RewardModelConfig",
     "RunConfig",
     "Settings",
     "apply_overrides",
@@ -67,7 +68,8 @@ class TaskConfig(_Strict):
     )
     dataset: str = Field(
         "builtin:arithmetic",
-        description="Prompt set: 'builtin:arithmetic' or 'builtin:expressions' (built from `data`), or a path to a "
+        description="Prompt set: 'builtin:arithmetic', 'builtin:expressions' or 'builtin:arithmetic-rlhf' (arithmetic whose "
+        "rows are judged by the hidden 'closeness' quality; built from `data`), or a path to a "
         "JSONL/Parquet prompt file.",
     )
 
@@ -124,8 +126,7 @@ SANDBOX_COMPONENTS = ("bwrap", "seccomp", "uid", "rlimits", "cgroup")
 # Keys that name features rlpipe does not have yet. They are refused with this message rather than
 # accepted and ignored (a config key nothing implements is an error, not a silent no-op).
 _NOT_IMPLEMENTED = {
-    "reward.type=model_based": "model-based rewards (a reward model) are not implemented yet; "
-    "use type: rule_based with a verifier",
+    "reward.type=model_based": "the reward-model type is called 'model': use type: model (and reward.model)",
     "reward.endpoint": "the verifier service is not read from the config: remove this key and set "
     "RLPIPE_VERIFIER_URL=<url>",
     "reward.timeout_s": "removed: each sample's hard deadline is its verifier's declared budget plus "
@@ -135,8 +136,27 @@ _NOT_IMPLEMENTED = {
 
 
 class RewardConfig(_Strict):
-    type: Literal["rule_based"] = Field(
-        "rule_based", description="rule_based: verifiers score answers (the only kind implemented today)."
+    type: Literal["rule_based", "model"] = Field(
+        "rule_based", description="rule_based: verifiers score answers; model: a reward model scores them (RLHF; "
+        "in-process, or the service at RLPIPE_REWARD_MODEL_URL)."
+    )
+    model: str | None = Field(
+        None, description="type model: the reward model (a folder or 'models:/NAME@ALIAS'); default: "
+        "models:/rlpipe-<task.name>-rm@best."
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="Mix several reward sources: {'model': w, '<verifier>': w, ...} — the reward "
+        "is the weighted sum; a sample is scored only when every source judged it. Empty: the type's one source "
+        "(the reward model, or each row's own verifier)."
+    )
+    normalize: bool = Field(
+        False, description="type model: standardise the reward model's score with a running mean/std (seeded with "
+        "the statistics registered with the model), then clip to ±clip (PPO-RLHF style)."
+    )
+    clip: float | None = Field(5.0, gt=0, description="Clip of the normalised reward-model score (normalize only).")
+    hacking_window: int = Field(
+        3, ge=2, description="Reward-hacking alert: fires when, over this many held-out evaluations, the reward "
+        "model's score rose while the task's true score (its verifier's) fell."
     )
     verifier: str = Field("math", description="Verifier for prompt rows that name none (e.g. math, code, format).")
     workers: int = Field(2, ge=1, le=64, description="Verifier worker processes (bounded concurrency).")
@@ -190,6 +210,22 @@ class RewardConfig(_Strict):
             raise ValueError(f"unknown sandbox component(s) {bad or [v]}; use 'full' or a '+'-joined subset of "
                              f"{'+'.join(SANDBOX_COMPONENTS)}")
         return v
+
+    @model_validator(mode="after")
+    def _sources(self) -> "RewardConfig":
+        if self.type == "rule_based" and "model" in self.weights:
+            raise ValueError("@weights@names 'model' but reward.type is rule_based; set type: model")
+        if self.type == "model" and self.weights and "model" not in self.weights:
+            raise ValueError("@weights@type model needs a 'model' weight, e.g. {model: 1.0, format: 0.2}")
+        if self.normalize and self.type != "model":
+            raise ValueError("@normalize@normalises the reward model's score; it needs type: model")
+        return self
+
+    def source_weights(self) -> dict[str, float]:
+        """Reward source → weight; 'model' is the reward model, any other name a verifier, '' each row's own."""
+        if self.weights:
+            return dict(self.weights)
+        return {"model": 1.0} if self.type == "model" else {"": 1.0}
 
     def required_sandbox_components(self) -> tuple[str, ...]:
         if self.sandbox_min_level == "full":
@@ -358,6 +394,39 @@ class TrainConfig(_Strict):
         return self
 
 
+class RewardModelConfig(_Strict):
+    """Reward-model training (``rlpipe rm-train``): a scalar head on a causal-LM trunk, fitted to preference pairs."""
+
+    base_model: str | None = Field(
+        None, description="Where the trunk starts (a folder or 'models:/NAME@ALIAS'); default: task.policy_model "
+        "(the SFT model, as OpenRLHF and TRL do)."
+    )
+    dataset: str = Field(
+        "builtin:synthetic-preferences", description="Preference pairs: 'builtin:synthetic-preferences' (answers to "
+        "the arithmetic prompts of `data`, labelled by the hidden closeness quality) or a JSONL/Parquet file with "
+        "prompt/chosen/rejected[/margin] (see `rlpipe data validate`)."
+    )
+    pairs_per_prompt: int = Field(2, ge=1, le=10, description="Synthetic pairs drawn per prompt.")
+    label_noise: float = Field(0.1, ge=0, lt=0.5, description="Synthetic training pairs whose label is flipped.")
+    loss: Literal["bradley_terry"] = Field("bradley_terry", description="Registered preference loss.")
+    use_margin: bool = Field(True, description="Use the pairs' margin column (−log σ(r_w − r_l − m)) where given.")
+    steps: int = Field(600, ge=1, description="Optimizer steps at most (early stopping may end sooner).")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    batch_size: int = Field(64, ge=1, description="Pairs per optimizer step.")
+    micro_batch_size: int = Field(64, ge=1, description="Pairs per forward/backward per rank.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm.")
+    zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage (0, 1 or 2).")
+    eval_every: int = Field(25, ge=1, description="Steps between validation pair-accuracy checks.")
+    patience: int = Field(6, ge=1, description="Stop after this many checks without a better validation pair accuracy.")
+    registered_model: str | None = Field(None, description="Registry name; default 'rlpipe-<task.name>-rm'.")
+
+    @model_validator(mode="after")
+    def _micro_fits(self) -> "RewardModelConfig":
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(f"@micro_batch_size@{self.micro_batch_size} does not divide rm.batch_size {self.batch_size}")
+        return self
+
+
 class StorageConfig(_Strict):
     uri: str | None = Field(
         None,
@@ -399,6 +468,7 @@ class RunConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Where rewards come from.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling of completions.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="The RL update.")
+    rm: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward-model training (RLHF).")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Object store for runs.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
@@ -437,6 +507,14 @@ class RunConfig(_Strict):
     @property
     def registered_model(self) -> str:
         return self.tracking.registered_model or f"rlpipe-{self.task.name}"
+
+    @property
+    def registered_reward_model(self) -> str:
+        return self.rm.registered_model or f"rlpipe-{self.task.name}-rm"
+
+    @property
+    def reward_model_spec(self) -> str:
+        return self.reward.model or f"models:/{self.registered_reward_model}@best"
 
 
 def canonical_json(obj: Any) -> str:
@@ -576,6 +654,8 @@ class Settings(BaseModel):
     )
     s3_region: str | None = Field(None, description="RLPIPE_S3_REGION (else AWS_DEFAULT_REGION)")
     verifier_url: str | None = Field(None, description="RLPIPE_VERIFIER_URL: score through the verifier service")
+    reward_model_url: str | None = Field(
+        None, description="RLPIPE_REWARD_MODEL_URL: score with the reward-model service instead of in-process")
 
     def resolve_storage_uri(self, cfg: RunConfig | None = None) -> str:
         if self.storage_uri:
@@ -611,4 +691,5 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         s3_secret_access_key=env.get("RLPIPE_S3_SECRET_ACCESS_KEY") or env.get("AWS_SECRET_ACCESS_KEY") or None,
         s3_region=env.get("RLPIPE_S3_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         verifier_url=env.get("RLPIPE_VERIFIER_URL") or None,
+        reward_model_url=env.get("RLPIPE_REWARD_MODEL_URL") or None,
     )

@@ -24,6 +24,8 @@ class RunServices:
     ground_truth: dict[str, str | None]
     validation_rows: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # the weight-sync probe and its last result
+    reward_model: Any = None  # RLHF: a RewardModelSource (in-process or the service)
+    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)  # prompt id → prompt row
 
 
 _SERVICES: dict[str, RunServices] = {}

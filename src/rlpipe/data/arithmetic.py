@@ -40,7 +40,9 @@ def _questions(cfg: DataConfig, rng: random.Random) -> list[tuple[str, int, int]
     return sorted(seen)
 
 
-def build_arithmetic(cfg: DataConfig | None = None) -> pa.Table:
+def build_arithmetic(cfg: DataConfig | None = None, verifier: str = "math") -> pa.Table:
+    """The question family as prompt rows; ``verifier`` is each row's task (``closeness`` for RLHF, where it
+    is the hidden true quality)."""
     cfg = cfg or DataConfig()
     rng = random.Random(cfg.seed)
     qs = _questions(cfg, rng)
@@ -65,7 +67,7 @@ def build_arithmetic(cfg: DataConfig | None = None) -> pa.Table:
                 "id": f"{op}-{a}-{b}",
                 "prompt": f"{a}{_SYMBOL[op]}{b}=",
                 "chat": False,
-                "task": "math",
+                "task": verifier,
                 "ground_truth": str(_APPLY[op](a, b)),
                 "tests": None,
                 "split": split,
@@ -74,3 +76,9 @@ def build_arithmetic(cfg: DataConfig | None = None) -> pa.Table:
             }
         )
     return pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
+
+
+def build_arithmetic_rlhf(cfg: DataConfig | None = None) -> pa.Table:
+    """The arithmetic prompts of the RLHF task: rows name ``closeness``, the true quality evaluations report
+    beside the reward model's score (the reward model never sees it)."""
+    return build_arithmetic(cfg, verifier="closeness")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
 from rlpipe.storage.schemas import REWARD_STATUSES, TRAJECTORY_SCHEMA
@@ -17,7 +18,7 @@ from rlpipe.training.sft import render_prompt
 from rlpipe.training.trainer import Sample
 
 __all__ = [
-    "apply_overlong_penalty", "batch_metrics", "filter_groups", "generate_table", "group_signal", "score_table",
+    "apply_overlong_penalty", "apply_verdicts", "batch_metrics", "filter_groups", "generate_table", "group_signal", "score_table",
     "select_prompts", "table_to_samples",
 ]
 
@@ -86,18 +87,29 @@ def score_table(pool: VerifierPool, table: pa.Table, ground_truth: dict[str, str
     start = time.perf_counter()
     verdicts = pool.score(items)
     verify_s = time.perf_counter() - start
+    versions = {}
+    for name in {r["verifier"] for r in rows}:
+        try:
+            versions[name] = get_verifier(name).version
+        except KeyError:
+            versions[name] = None
+    labels = [(r["verifier"], versions[r["verifier"]]) for r in rows]
+    return apply_verdicts(rows, verdicts, labels, verify_s), {"verify_s": verify_s, "verify_per_s": len(rows) / max(verify_s, 1e-9)}
+
+
+def apply_verdicts(rows: list[dict[str, Any]], verdicts: Sequence[VerifyResult], labels: Sequence[tuple[str, str | None]],
+                   verify_s: float) -> pa.Table:
+    """Trajectory rows with each verdict written in: reward (null unless ok), status, reason, the sandbox
+    level, and (name, version) of what scored it."""
     per = verify_s / max(1, len(rows))
-    for r, v in zip(rows, verdicts):
+    for r, v, (name, version) in zip(rows, verdicts, labels):
         r["reward"] = v.reward if v.status == "ok" else None
         r["reward_status"] = v.status
         r["reward_reason"] = v.reason or None
         r["isolation"] = v.isolation
-        try:
-            r["verifier_version"] = get_verifier(r["verifier"]).version
-        except KeyError:
-            r["verifier_version"] = None
+        r["verifier"], r["verifier_version"] = name, version
         r["verify_s"] = per
-    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), {"verify_s": verify_s, "verify_per_s": len(rows) / max(verify_s, 1e-9)}
+    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
 
 
 def overlong_penalty(length: int, max_new_tokens: int, buffer: int, factor: float = 1.0) -> float:

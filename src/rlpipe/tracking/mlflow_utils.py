@@ -162,7 +162,7 @@ class Tracker:
             self.client.get_registered_model(name)
         except MlflowException:
             try:
-                self.client.create_registered_model(name, tags={"rlpipe": "policy"})
+                self.client.create_registered_model(name, tags={"rlpipe": "reward_model" if name.endswith("-rm") else "policy"})
             except MlflowException:
                 pass  # created concurrently
         tags = {

@@ -64,3 +64,30 @@ def load_model(spec: str, cfg: RunConfig, s: Settings, dtype: torch.dtype = torc
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok, source
+
+
+def version_label(spec: str, s: Settings, cfg: RunConfig | None = None) -> str:
+    """'NAME/vN' for a registry spec (the version an alias points at now), else the spec itself."""
+    if not spec.startswith("models:/"):
+        return spec
+    from rlpipe.tracking.mlflow_utils import Tracker
+
+    ref = spec[len("models:/"):]
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        mv = Tracker(s, cfg).version_by_alias(name, alias)
+        return f"{name}/v{mv.version}" if mv else spec
+    return ref.replace("/", "/v", 1) if not ref.rsplit("/", 1)[-1].startswith("v") else ref
+
+
+def load_reward_model(spec: str, s: Settings, cfg: RunConfig | None = None, batch_size: int = 256) -> Any:
+    """A :class:`~rlpipe.training.reward_model.RewardScorer` for a reward-model spec (folder or models:/…)."""
+    from rlpipe.training.reward_model import RewardScorer
+
+    folder = fetch_source(resolve_source(spec, s, cfg), s)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{spec}: {folder} holds no model (config.json missing)")
+    label = version_label(spec, s, cfg)
+    scorer = RewardScorer(folder, version="", batch_size=batch_size)
+    scorer.version = f"{label}@{scorer.weights_sha256[:12]}"
+    return scorer

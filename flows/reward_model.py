@@ -1,0 +1,51 @@
+"""The reward-model flow (``rm-train``): preference pairs → Bradley–Terry fit → registered as ``<task>-rm``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.runs import new_run_id, write_summary
+from tasks._log import run_logger
+from tasks.reward_model import prepare_preferences, train_reward_model
+from tasks.tracking import end_tracking, register_checkpoint, start_tracking
+
+
+@flow(name="rm-train", flow_run_name="{run_id}")
+def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
+    """Train a reward model on preference pairs; ``best`` follows validation pair accuracy, ``latest`` the
+    newest. Returns the path of the run's summary.json."""
+    start = time.perf_counter()
+    run_id = run_id or new_run_id("rm")
+    data = prepare_preferences(config)
+    mlflow_run = start_tracking(config, run_id, "rm", data["version"])
+    try:
+        result = train_reward_model(config, data, run_id, mlflow_run)
+        stats = result["reward_stats"]
+        version = register_checkpoint(
+            config, run_id, mlflow_run, result, data["version"], iteration=0, aliases=("latest",),
+            accuracy=result["validation_pair_accuracy"], test_accuracy=result["test_pair_accuracy"],
+            model_name=config.registered_reward_model,
+            extra_tags={"base_model": result["base_model"], "kind": "reward_model",
+                        "reward_mean": f"{stats['mean']:.6f}", "reward_std": f"{stats['std']:.6f}",
+                        "reward_count": str(int(stats["count"]))},
+        )
+    except BaseException:
+        end_tracking(config, mlflow_run, "FAILED")
+        raise
+    end_tracking(config, mlflow_run)
+    path = write_summary(settings(), run_id, {
+        "kind": "rm", "config_fingerprint": config.fingerprint(), "preference_version": data["version"],
+        "preference_uri": data["uri"], "pairs": {k: data[f"{k}_pairs"] for k in ("train", "validation", "test")},
+        "registered_model": {"name": version["name"], "version": version["version"], "aliases": list(version["aliases"])},
+        "checkpoint_uri": result["checkpoint_uri"], "weights_sha256": result["weights_sha256"],
+        "base_model": result["base_model"], "rm_steps": result["steps"], "rm_best_step": result["best_step"],
+        "rm_train_s": round(result["train_wall_s"], 2), "rm_validation_pair_accuracy": result["validation_pair_accuracy"],
+        "rm_pair_accuracy": result["test_pair_accuracy"], "rm_test_pairs": result["test_pairs"],
+        "reward_stats": stats, "mlflow_run_id": mlflow_run, "wall_s": round(time.perf_counter() - start, 2),
+    })
+    run_logger().info("summary: %s", path)
+    return str(Path(path))

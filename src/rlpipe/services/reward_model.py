@@ -1,0 +1,228 @@
+"""The reward-model service: ``rlpipe serve reward-model MODEL_URI`` — batch scoring over HTTP.
+
+Endpoints:
+  GET  /health   → {"status": "ok"|"degraded", "version", "reward_stats", "queue", "max_queue"}
+  POST /score    {"items": [{"prompt", "response", "chat"?} | {"input_ids": [...]}], "timeout_s"?}
+                 → {"results": [{"score", "status", "reason", "rm_version"}]}
+  GET  /metrics  → requests, rejected (429), errors, timeouts, items, batches, mean batch size,
+                   latency p50/p99 (s), queue length
+
+Requests wait in a bounded queue (429 when full). One scorer thread takes every request waiting
+(up to ``max_batch_items`` items) and scores them as one forward batch: concurrent requests are
+micro-batched. A request that runs past its timeout gets status ``timeout`` per item and is
+dropped if still queued; an item the model cannot read (token ids outside the vocabulary, too
+long) gets ``error`` with the reason while the rest of its batch is scored. fastapi/uvicorn are
+imported only when the app is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+log = logging.getLogger(__name__)
+
+MAX_ITEMS = 4096
+
+
+@dataclass
+class _Job:
+    seqs: list[list[int] | str]  # token ids, or the reason the item cannot be scored
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    rejected: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    items: int = 0
+    batches: int = 0
+    batched_items: int = 0
+    latencies: deque = field(default_factory=lambda: deque(maxlen=4096))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def percentile(self, q: float) -> float | None:
+        with self.lock:
+            xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+class RewardModelService:
+    """A scorer, a bounded queue of requests and one thread that scores them in micro-batches."""
+
+    def __init__(self, scorer: Any, max_queue: int = 64, max_batch_items: int = 512, request_timeout_s: float = 30.0):
+        self.scorer, self.max_queue, self.max_batch_items = scorer, max_queue, max_batch_items
+        self.request_timeout_s = request_timeout_s
+        self.vocab = len(scorer.tokenizer)
+        self.max_len = int(getattr(scorer.model.config, "max_position_embeddings", 4096))
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max_queue)
+        self.stats = _Stats()
+        self._thread = threading.Thread(target=self._loop, name="rm-scorer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs, n = [first], len(first.seqs)
+            while n < self.max_batch_items:  # take what else is waiting: one forward batch for all
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                jobs.append(nxt)
+                n += len(nxt.seqs)
+            self._score(jobs)
+
+    def _score(self, jobs: list[_Job]) -> None:
+        live = [j for j in jobs if j.future.set_running_or_notify_cancel()]  # drop those whose caller gave up
+        seqs = [s for j in live for s in j.seqs if not isinstance(s, str)]
+        try:
+            xs = iter(self.scorer.score_ids(seqs) if seqs else [])
+            self.stats.add(batches=1, batched_items=len(seqs))
+            for j in live:
+                _settle(j.future, result=[s if isinstance(s, str) else next(xs) for s in j.seqs])
+        except Exception as e:  # noqa: BLE001 - this thread must outlive every batch
+            self.stats.add(errors=1)
+            log.exception("reward-model scorer: a batch of %d sequence(s) failed", len(seqs))
+            for j in live:
+                _settle(j.future, exception=e)
+
+    def encode(self, item: "Item") -> list[int] | str:
+        """Token ids to score, or why the item cannot be scored."""
+        if item.input_ids is not None:
+            ids = item.input_ids
+            bad = [t for t in ids if not 0 <= t < self.vocab]
+            if not ids or bad:
+                return f"input_ids must be non-empty token ids in [0, {self.vocab}); got {bad[:3] or 'none'}"
+        else:
+            ids = self.scorer.encode(item.prompt or "", item.response or "", item.chat)
+        if len(ids) > self.max_len:
+            return f"{len(ids)} tokens, more than the reward model's {self.max_len} positions; shorten the item"
+        return ids
+
+    def submit(self, seqs: list[list[int] | str]) -> _Job:
+        job = _Job(seqs)
+        self._queue.put_nowait(job)  # queue.Full → 429
+        return job
+
+    def health(self) -> dict[str, Any]:
+        alive = self._thread.is_alive()
+        return {"status": "ok" if alive else "degraded", "version": self.scorer.version,
+                "weights_sha256": self.scorer.weights_sha256, "reward_stats": self.scorer.stats,
+                "queue": self._queue.qsize(), "max_queue": self.max_queue}
+
+    def metrics(self) -> dict[str, Any]:
+        s = self.stats
+        return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
+                "items": s.items, "batches": s.batches, "mean_batch_items": s.batched_items / max(s.batches, 1),
+                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99), "queue": self._queue.qsize()}
+
+    def close(self) -> None:
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+
+def _settle(fut: Future, result: Any = None, exception: BaseException | None = None) -> None:
+    try:
+        if exception is not None:
+            fut.set_exception(exception)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+class Item(BaseModel):
+    prompt: str | None = Field(None, description="The prompt as stored: text, or (chat) a JSON list of messages.")
+    response: str | None = Field(None, description="The response to score.")
+    chat: bool = Field(False, description="The prompt is a JSON message list rendered with the chat template.")
+    input_ids: list[int] | None = Field(None, description="Instead of texts: the full token ids (prompt + response + end).")
+
+
+class ScoreRequest(BaseModel):
+    items: list[Item] = Field(max_length=MAX_ITEMS)
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Answer within this many seconds (default: the service's).")
+
+
+def _answer(service: RewardModelService, job: _Job, wait: float) -> list[dict[str, Any]]:
+    version = service.scorer.version
+    try:
+        got = job.future.result(timeout=wait)
+    except TimeoutError:
+        job.future.cancel()
+        service.stats.add(timeouts=1)
+        reason = f"reward-model service gave no answer within {wait:g} s (queue {service._queue.qsize()}); raise timeout_s"
+        return [{"score": None, "status": "timeout", "reason": reason, "rm_version": version}] * len(job.seqs)
+    return [{"score": None, "status": "error", "reason": x, "rm_version": version} if isinstance(x, str)
+            else {"score": x, "status": "ok", "reason": "", "rm_version": version} for x in got]
+
+
+def create_app(service: RewardModelService):
+    from fastapi import FastAPI, HTTPException
+
+    app = FastAPI(title="rlpipe reward model", version="1")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return service.health()
+
+    @app.get("/metrics")
+    def metrics() -> dict[str, Any]:
+        return service.metrics()
+
+    @app.post("/score")
+    def score(req: ScoreRequest) -> dict[str, Any]:
+        start = time.perf_counter()
+        service.stats.add(requests=1, items=len(req.items))
+        missing = [k for k, i in enumerate(req.items) if i.input_ids is None and i.response is None]
+        if missing:
+            raise HTTPException(status_code=422, detail=f"items {missing[:5]}: give a response (with its prompt) or input_ids")
+        try:
+            job = service.submit([service.encode(i) for i in req.items])
+        except queue.Full:
+            service.stats.add(rejected=1)
+            raise HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
+                                headers={"Retry-After": "1"}) from None
+        try:
+            out = _answer(service, job, req.timeout_s or service.request_timeout_s)
+        except Exception as e:  # noqa: BLE001 - the model failed on this batch; the service goes on
+            raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
+        with service.stats.lock:
+            service.stats.latencies.append(time.perf_counter() - start)
+        return {"results": out}
+
+    return app
+
+
+def serve(scorer: Any, host: str = "127.0.0.1", port: int = 8766, max_queue: int = 64, max_batch_items: int = 512,
+          request_timeout_s: float = 30.0) -> None:
+    import uvicorn
+
+    service = RewardModelService(scorer, max_queue=max_queue, max_batch_items=max_batch_items,
+                                 request_timeout_s=request_timeout_s)
+    try:
+        uvicorn.run(create_app(service), host=host, port=port, log_level="warning", timeout_keep_alive=30)
+    finally:
+        service.close()
