@@ -92,3 +92,24 @@ def tiny_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-ckpt")
     save_checkpoint(folder, model, tok, trainer_state={"kind": "sft"})
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tiny_checkpoint, tmp_path_factory):
+    """A reward model trained briefly on the tiny checkpoint's trunk: right answers over letters (shared; do not modify).
+
+    Returns (folder, trainer result, held-out pair accuracy)."""
+    from rlpipe.config import RewardModelConfig
+    from rlpipe.training.reward_model import RewardModelTrainer, encode_pairs
+
+    rows = [{"prompt": f"{a}+{b}=", "chat": False, "chosen": str(a + b), "rejected": "xy"[(a + b) % 2] + "q",
+             "margin": None} for a in range(10, 40) for b in range(10, 30)]
+    cfg = RewardModelConfig(steps=40, lr=1e-3, batch_size=16, micro_batch_size=8, eval_every=10, patience=3)
+    trainer = RewardModelTrainer(tiny_checkpoint, cfg, seed=0)
+    pairs = encode_pairs(trainer.tokenizer, rows)
+    before = trainer.evaluate(pairs[550:])
+    result = trainer.train(pairs[:500], pairs[500:550])
+    held_out = trainer.evaluate(pairs[550:]) | {"before": before["pair_accuracy"], "gap_before": before["score_gap"]}
+    folder = tmp_path_factory.mktemp("tiny-rm")
+    trainer.save(folder, trainer.reward_stats(pairs[:500]))
+    return folder, result, held_out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -123,12 +124,23 @@ class RewardModelTrainer:
         import deepspeed
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        # Linear warm-up, then cosine decay to min_lr_ratio × lr at the last step (as OpenRLHF's RM recipe):
+        # a constant rate leaves validation pair accuracy swinging by several points between checks.
+        warm, total, floor = self.cfg.warmup_steps, self.cfg.steps, self.cfg.min_lr_ratio
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            progress = min(1.0, (step - warm) / max(total - warm, 1))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         ds_config = {
             "train_batch_size": self.cfg.batch_size, "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
             "gradient_accumulation_steps": self.gas, "gradient_clipping": self.cfg.grad_clip,
             "zero_optimization": {"stage": self.cfg.zero_stage}, "steps_per_print": 10**9,
         }
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=ds_config)
         return engine
 
     @property

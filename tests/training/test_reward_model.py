@@ -1,0 +1,57 @@
+"""The reward-model trainer (DeepSpeed): it learns a preference, keeps its best validation weights, and a
+saved model scores the same in the scorer."""
+
+import json
+
+import pytest
+import torch
+
+from rlpipe.config import RewardModelConfig
+from rlpipe.training.reward_model import REWARD_STATS, RewardModelTrainer, RewardScorer, encode_response, pair_accuracy
+
+
+def test_it_learns_the_preference_on_held_out_pairs(tiny_reward_model):
+    folder, result, held_out = tiny_reward_model
+    # The fresh head already ranks digits over letters by a hair (a gap of ~0.04); training makes it a
+    # decision: a wide gap on 50 pairs it never saw, every one ranked right.
+    assert abs(held_out["gap_before"]) < 0.5
+    assert held_out["score_gap"] > 2.0 and held_out["pair_accuracy"] == 1.0 and held_out["n"] == 50
+    assert result.best_validation_accuracy == max(e["pair_accuracy"] for e in result.evals)
+    stats = json.loads((folder / REWARD_STATS).read_text())
+    assert stats["count"] == 1000 and stats["std"] > 0
+
+
+def test_the_saved_model_scores_the_same_in_the_scorer(tiny_reward_model):
+    folder, _, _ = tiny_reward_model
+    scorer = RewardScorer(folder, version="t")
+    good, bad = scorer.score_texts([("12+34=", "46", False), ("12+34=", "xq", False)])
+    assert good > bad
+    ids = encode_response(scorer.tokenizer, "12+34=", False, "46")
+    assert scorer.score_ids([ids])[0] == pytest.approx(good, abs=1e-5)
+    # Batched with a longer sequence (right padding) the score does not move: padding is never read.
+    assert scorer.score_ids([ids, ids + ids])[0] == pytest.approx(good, abs=1e-5)
+
+
+def test_early_stopping_keeps_the_best_weights(tiny_checkpoint):
+    cfg = RewardModelConfig(steps=30, lr=1e-3, batch_size=8, micro_batch_size=8, eval_every=5, patience=2)
+    trainer = RewardModelTrainer(tiny_checkpoint, cfg, seed=0)
+    tok = trainer.tokenizer
+    from rlpipe.training.reward_model import Pair
+
+    enc = lambda c, r: Pair(encode_response(tok, "1+1=", False, c), encode_response(tok, "1+1=", False, r))  # noqa: E731
+    train = [enc("2", "z")] * 16
+    validation = [enc("z", "2")] * 4  # the opposite of training: validation gets worse as training works
+    result = trainer.train(train, validation)
+    assert result.stopped_early and result.steps < 30
+    assert result.best_step == result.evals[0]["step"]
+    assert trainer.evaluate(validation)["pair_accuracy"] == result.best_validation_accuracy  # the best weights are back
+
+
+def test_batch_must_split_into_micro_batches(tiny_checkpoint):
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        RewardModelConfig(batch_size=10, micro_batch_size=4)
+
+
+def test_pair_accuracy_counts_ties_as_wrong():
+    assert pair_accuracy([1.0, 0.0, 2.0], [0.0, 0.0, 3.0]) == pytest.approx(1 / 3)
+    assert torch.tensor(pair_accuracy([], [])) == 0
