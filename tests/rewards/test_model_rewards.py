@@ -20,6 +20,7 @@ def test_mix_is_the_weighted_sum_when_every_source_judged():
     fmt = [ok(1.0), ok(0.0), ok(1.0)]
     out = mix_rewards({"model": rm, "format": fmt}, {"model": 1.0, "format": 0.5})
     assert [r.reward for r in out[:2]] == [2.5, -1.0] and all(r.status == "ok" for r in out[:2])
+    assert out[0].reason == "model 1×2.0000 + format 0.5×1.0000"
     assert out[2].status == "skipped" and out[2].reward is None and out[2].reason == "model: service down"
 
 

@@ -137,7 +137,9 @@ def mix_rewards(sources: dict[str, list[VerifyResult]], weights: dict[str, float
             continue
         total = sum(weights[s] * float(sources[s][k].reward) for s in names)
         iso = next((sources[s][k].isolation for s in names if sources[s][k].isolation), None)
-        out.append(VerifyResult(total, "ok", "", iso))
+        parts = [f"{s or 'verifier'} {weights[s]:g}×{float(sources[s][k].reward):.4f}"
+                 + (f" ({sources[s][k].reason})" if sources[s][k].reason else "") for s in names]
+        out.append(VerifyResult(total, "ok", " + ".join(parts) if len(names) > 1 else sources[names[0]][k].reason, iso))
     return out
 
 
