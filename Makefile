@@ -8,13 +8,16 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo demo-rlhf test lint clean
 
 install:
 	@bash scripts/install.sh
 
 demo: install
 	$(VENV)/bin/rlpipe demo
+
+demo-rlhf: install
+	$(VENV)/bin/rlpipe demo rlhf
 
 test: install
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)

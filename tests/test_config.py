@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -169,7 +170,11 @@ def test_presets_resolve_to_their_method(preset):
 
 
 @pytest.mark.parametrize("text,path,words", [
-    ("reward: {type: model_based}\n", "reward.type", "not implemented yet"),
+    ("reward: {type: model_based}\n", "reward.type", "use type: model"),
+    ("reward: {weights: {model: 1.0}}\n", "reward.weights", "set type: model"),
+    ("reward: {type: model, weights: {format: 1.0}}\n", "reward.weights", "needs a 'model' weight"),
+    ("reward: {normalize: true}\n", "reward.normalize", "needs type: model"),
+    ("rm: {batch_size: 10, micro_batch_size: 4}\n", "rm.micro_batch_size", "does not divide"),
     ("reward: {endpoint: verifier-host}\n", "reward.endpoint", "RLPIPE_VERIFIER_URL"),
     ("reward: {timeout_s: 10}\n", "reward.timeout_s", "reward.grace_s"),
     ("agent: {env: calculator}\n", "agent", "not implemented yet"),
@@ -210,3 +215,22 @@ def test_each_algorithm_gets_its_own_clip_range_unless_one_is_set():
     assert clip("train.algorithm=dapo") == (0.2, 0.28)
     assert clip("train.algorithm=gspo", "train.clip_ratio=0.001") == (0.001, 0.001)
     assert clip("train.algorithm=dapo", "train.clip_ratio_high=0.3") == (0.2, 0.3)
+
+
+def test_the_rlhf_demo_runs_the_recipe_in_configs():
+    """`rlpipe demo rlhf` (embedded overrides) and configs/*-arithmetic-rlhf.yaml train the same thing."""
+    from rlpipe.cli import RLHF_DEMO
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    demo = load_config(None, RLHF_DEMO)
+    for name, sections in (("sft-arithmetic-rlhf.yaml", ("task.name", "task.dataset", "data", "model", "sft")),
+                           ("rm-arithmetic-rlhf.yaml", ("rm.steps", "rm.lr", "rm.eval_every", "rm.patience", "rm.dataset")),
+                           ("grpo-arithmetic-rlhf.yaml", ("reward.type", "rollout", "train"))):
+        recipe = load_config(root / name).model_dump()
+        mine = demo.model_dump()
+        for dotted in sections:
+            a, b = recipe, mine
+            for part in dotted.split("."):
+                a, b = a[part], b[part]
+            assert a == b, (name, dotted)
+    assert load_config(root / "ppo-arithmetic-rlhf.yaml").train.algorithm == "ppo"
