@@ -406,7 +406,7 @@ class RewardModelConfig(_Strict):
         "the arithmetic prompts of `data`, labelled by the hidden closeness quality) or a JSONL/Parquet file with "
         "prompt/chosen/rejected[/margin] (see `rlpipe data validate`)."
     )
-    pairs_per_prompt: int = Field(2, ge=1, le=10, description="Synthetic pairs drawn per prompt.")
+    pairs_per_prompt: int = Field(4, ge=1, le=10, description="Synthetic pairs drawn per prompt (at most the 10 a prompt's 5 candidate answers make).")
     label_noise: float = Field(0.1, ge=0, lt=0.5, description="Synthetic training pairs whose label is flipped.")
     loss: Literal["bradley_terry"] = Field("bradley_terry", description="Registered preference loss.")
     use_margin: bool = Field(True, description="Use the pairs' margin column (−log σ(r_w − r_l − m)) where given.")
