@@ -2,6 +2,7 @@
 # A recipe over several seeds, each in its own RLPIPE_HOME, one after the other; prints base → final.
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2"                       # `rlpipe demo --set seed=N` (~8 min each)
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2" SFT.yaml RL.yaml      # `rlpipe sft SFT.yaml`, then `rlpipe run RL.yaml`
+#   bash benchmarks/seeds.sh OUT_DIR "0 1 2" rlhf                  # `rlpipe demo rlhf --set seed=N` (~12 min each)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?OUT_DIR}
@@ -15,12 +16,34 @@ for seed in $seeds; do
   start=$(date +%s)
   if [ -z "$sft" ]; then
     "$root/.venv/bin/rlpipe" demo --set seed="$seed" > "$out/seed$seed.log" 2>&1
+  elif [ "$sft" = rlhf ]; then
+    "$root/.venv/bin/rlpipe" demo rlhf --set seed="$seed" > "$out/seed$seed.log" 2>&1
   else
     "$root/.venv/bin/rlpipe" sft "$root/$sft" --set seed="$seed" > "$out/seed$seed-sft.log" 2>&1
     "$root/.venv/bin/rlpipe" run "$root/$rl" --set seed="$seed" > "$out/seed$seed-rl.log" 2>&1
   fi
   echo "seed $seed: $(( $(date +%s) - start )) s"
 done
+if [ "$sft" = rlhf ]; then
+"$root/.venv/bin/python" - "$out" $seeds <<'PY'
+import json, sys, pathlib
+out, seeds = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print("| seed | RM steps | RM pair accuracy (test) | true score base → final | gain | RM score base → final | exact-match base → final | hacking alerts | demo s |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+gains = []
+for seed in seeds:
+    runs = out / f"seed{seed}" / "runs"
+    d = json.loads(next(runs.glob("rlhf-demo-*/summary.json")).read_text())
+    rm = json.loads(pathlib.Path(d["rm_summary"]).read_text())
+    gain = d["heldout_true_score_final"] - d["heldout_true_score_base"]
+    gains.append(gain)
+    print(f"| {seed} | {rm['rm_steps']} | {d['rm_pair_accuracy']:.3f} | {d['heldout_true_score_base']:.3f} → "
+          f"{d['heldout_true_score_final']:.3f} | {gain:+.3f} | {d['heldout_rm_score_base']:.2f} → {d['heldout_rm_score_final']:.2f} | "
+          f"{d['heldout_accuracy_base']:.1%} → {d['heldout_accuracy_final']:.1%} | {d['reward_hacking_alerts']} | {d['wall_s']:.0f} |")
+print(f"true-score gain: min {min(gains):+.3f}, mean {sum(gains) / len(gains):+.3f}, max {max(gains):+.3f}")
+PY
+exit 0
+fi
 "$root/.venv/bin/python" - "$out" $seeds <<'PY'
 import json, sys, pathlib
 out, seeds = pathlib.Path(sys.argv[1]), sys.argv[2:]

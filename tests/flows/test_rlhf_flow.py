@@ -67,9 +67,11 @@ def _rl_sets(tiny_checkpoint, rm_version: str, iterations: int) -> list[str]:
                  "train.save_interval=1", "train.eval_interval=1", "train.lr=1e-4")
 
 
-def test_two_rlhf_iterations_score_with_the_reward_model(reward_model, tiny_checkpoint):
+def test_two_ppo_rlhf_iterations_score_with_the_reward_model(reward_model, tiny_checkpoint):
+    """Classic PPO-RLHF: a critic, the RM score normalised and mixed with a verifier, KL in the reward."""
     _, rm = reward_model
-    sets = _rl_sets(tiny_checkpoint, rm["registered_model"]["version"], 2)
+    sets = _rl_sets(tiny_checkpoint, rm["registered_model"]["version"], 2) + [
+        "train.algorithm=ppo", "train.kl_coef=0.02", "train.kl_in=reward"]
     summary = invoke(["run", "--run-id", "rlhf-e2e"] + [x for s in sets for x in ("--set", s)])
     assert summary["iterations_done"] == 2 and summary["reward_type"] == "model"
     assert summary["reward_model_version"].startswith(f"rlpipe-rlhf-rm/v{rm['registered_model']['version']}@")
@@ -89,7 +91,7 @@ def test_two_rlhf_iterations_score_with_the_reward_model(reward_model, tiny_chec
     assert progress["reward_norm"] == norms[1]
     run = Tracker(settings(), load_config(None, sets)).client.get_run(summary["mlflow_run_id"])
     for key in ("rm_score_mean", "true_reward_mean", "heldout_rm_score", "heldout_true_score", "validation_true_score",
-                "alerts/reward_hacking"):
+                "alerts/reward_hacking", "vf_loss", "kl"):
         assert key in run.data.metrics, key
 
 
