@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import canonical_json
+from rlpipe.data._jsonl import jsonl_objects
 from rlpipe.data.prompts import SPLITS, Finding
 
 __all__ = ["PREFERENCE_SCHEMA", "PreferenceFileError", "build_synthetic_preferences", "load_preferences", "preference_version", "is_preference_file"]
@@ -165,18 +166,7 @@ def _objects(path: Path) -> list[dict[str, Any]]:
             raise PreferenceFileError(f"{path}: not a readable Parquet file: {e}") from None
     if path.suffix not in (".jsonl", ".json", ".ndjson"):
         raise PreferenceFileError(f"{path}: unknown preference file type {path.suffix!r}; use .jsonl or .parquet")
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PreferenceFileError(f"{path} line {n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-        if not isinstance(obj, dict):
-            raise PreferenceFileError(f"{path} line {n}: expected a JSON object, got {type(obj).__name__}")
-        out.append(obj | {"_line": n})
-    return out
+    return [obj | {"_line": n} for n, obj in jsonl_objects(path, PreferenceFileError)]
 
 
 def load_preferences(path: str | Path) -> tuple[pa.Table, list[Finding]]:

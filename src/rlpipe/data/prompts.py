@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import canonical_json
+from rlpipe.data._jsonl import jsonl_objects
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import conform
 
@@ -107,15 +108,7 @@ def load_prompts(path: str | Path, default_task: str = "math") -> pa.Table:
     if path.suffix not in (".jsonl", ".json", ".ndjson"):
         raise PromptFileError(f"{path}: unknown prompt file type {path.suffix!r}; use .jsonl or .parquet")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptFileError(f"{path} line {n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(f"{path} line {n}: expected a JSON object, got {type(obj).__name__}")
+    for n, obj in jsonl_objects(path, PromptFileError):
         row = _row_from_json(obj, n, str(path), default_task)
         row.pop("_extra")
         rows.append(row)

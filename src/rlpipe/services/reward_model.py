@@ -21,12 +21,13 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from rlpipe.services._common import Counters, settle
 
 log = logging.getLogger(__name__)
 
@@ -39,29 +40,6 @@ class _Job:
     future: Future = field(default_factory=Future)
 
 
-@dataclass
-class _Stats:
-    requests: int = 0
-    rejected: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    items: int = 0
-    batches: int = 0
-    batched_items: int = 0
-    latencies: deque = field(default_factory=lambda: deque(maxlen=4096))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def percentile(self, q: float) -> float | None:
-        with self.lock:
-            xs = sorted(self.latencies)
-        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
-
-
 class RewardModelService:
     """A scorer, a bounded queue of requests and one thread that scores them in micro-batches."""
 
@@ -71,7 +49,7 @@ class RewardModelService:
         self.vocab = len(scorer.tokenizer)
         self.max_len = int(getattr(scorer.model.config, "max_position_embeddings", 4096))
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max_queue)
-        self.stats = _Stats()
+        self.stats = Counters("requests", "rejected", "errors", "timeouts", "items", "batches", "batched_items", window=4096)
         self._thread = threading.Thread(target=self._loop, name="rm-scorer", daemon=True)
         self._thread.start()
 
@@ -100,12 +78,12 @@ class RewardModelService:
             xs = iter(self.scorer.score_ids(seqs) if seqs else [])
             self.stats.add(batches=1, batched_items=len(seqs))
             for j in live:
-                _settle(j.future, result=[s if isinstance(s, str) else next(xs) for s in j.seqs])
+                settle(j.future, result=[s if isinstance(s, str) else next(xs) for s in j.seqs])
         except Exception as e:  # noqa: BLE001 - this thread must outlive every batch
             self.stats.add(errors=1)
             log.exception("reward-model scorer: a batch of %d sequence(s) failed", len(seqs))
             for j in live:
-                _settle(j.future, exception=e)
+                settle(j.future, exception=e)
 
     def encode(self, item: "Item") -> list[int] | str:
         """Token ids to score, or why the item cannot be scored."""
@@ -142,16 +120,6 @@ class RewardModelService:
             self._queue.put_nowait(None)
         except queue.Full:
             pass
-
-
-def _settle(fut: Future, result: Any = None, exception: BaseException | None = None) -> None:
-    try:
-        if exception is not None:
-            fut.set_exception(exception)
-        else:
-            fut.set_result(result)
-    except InvalidStateError:
-        pass
 
 
 class Item(BaseModel):
@@ -209,8 +177,7 @@ def create_app(service: RewardModelService):
             out = _answer(service, job, req.timeout_s or service.request_timeout_s)
         except Exception as e:  # noqa: BLE001 - the model failed on this batch; the service goes on
             raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
-        with service.stats.lock:
-            service.stats.latencies.append(time.perf_counter() - start)
+        service.stats.latency(time.perf_counter() - start)
         return {"results": out}
 
     return app

@@ -26,8 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,37 +34,13 @@ from pydantic import BaseModel, Field
 
 from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
+from rlpipe.services._common import Counters, settle
 
 MAX_ITEMS = 4096
 CHUNK_PER_WORKER = 16  # items per worker scored between two checks for an abandoned request
 _SLACK_S = 1.0  # worker replacement and transport on top of the declared budgets
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Stats:
-    requests: int = 0
-    rejected: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    abandoned: int = 0
-    dispatch_errors: int = 0
-    items: int = 0
-    latencies: deque = field(default_factory=lambda: deque(maxlen=2048))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for k, v in counts.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def percentile(self, q: float) -> float | None:
-        with self.lock:
-            xs = sorted(self.latencies)
-        if not xs:
-            return None
-        return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 @dataclass
@@ -96,7 +71,7 @@ class VerifierService:
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._backlog_s = 0.0  # declared budgets of the batches queued or being scored
         self._backlog_lock = threading.Lock()
-        self.stats = _Stats()
+        self.stats = Counters("requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items", window=2048)
         self._thread = threading.Thread(target=self._dispatch, name="verifier-dispatch", daemon=True)
         self._thread.start()
 
@@ -112,7 +87,7 @@ class VerifierService:
             except Exception as e:  # noqa: BLE001 - this thread must outlive every request
                 self.stats.add(dispatch_errors=1)
                 log.exception("verifier dispatcher: a batch of %d item(s) failed", len(job.items))
-                _settle(job.future, exception=e)
+                settle(job.future, exception=e)
             finally:
                 with self._backlog_lock:
                     self._backlog_s -= job.budget_s
@@ -122,7 +97,7 @@ class VerifierService:
             self.stats.add(abandoned=1)
             return
         results = self._score(job)
-        _settle(job.future, result=results)
+        settle(job.future, result=results)
 
     def _chunks(self, items: list[VerifyItem]) -> list[list[VerifyItem]]:
         step = self.pool.size * CHUNK_PER_WORKER
@@ -178,17 +153,6 @@ class VerifierService:
         except queue.Full:
             pass
         self.pool.close()
-
-
-def _settle(fut: Future, result: Any = None, exception: BaseException | None = None) -> None:
-    """Hand a batch's outcome to its request, unless that request already gave up on it."""
-    try:
-        if exception is not None:
-            fut.set_exception(exception)
-        else:
-            fut.set_result(result)
-    except InvalidStateError:  # cancelled or already settled: nobody waits for it
-        pass
 
 
 class Item(BaseModel):
@@ -257,8 +221,7 @@ def create_app(service: VerifierService):
         except Exception as e:  # noqa: BLE001 - the pool failed on this batch; the service goes on
             service.stats.add(errors=1)
             raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
-        with service.stats.lock:
-            service.stats.latencies.append(time.perf_counter() - start)
+        service.stats.latency(time.perf_counter() - start)
         return {"results": out}
 
     return app

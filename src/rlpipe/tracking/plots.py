@@ -26,12 +26,7 @@ def reward_curve(history: list[dict[str, Any]], path: str | Path, title: str, ba
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def rm_vs_true_curve(history: list[dict[str, Any]], path: str | Path, title: str,
@@ -63,6 +58,12 @@ def rm_vs_true_curve(history: list[dict[str, Any]], path: str | Path, title: str
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower right")
     ax.set_title(title)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
