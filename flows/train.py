@@ -130,7 +130,7 @@ def _check_reward_model(run_id: str, progress: dict[str, Any], services: dict[st
     from rlpipe.resume import ResumeRefused
 
     before, now = progress.get("reward_model_version"), services.get("reward_model_version")
-    if before and now and before != now:
+    if before and now and before != now and "unknown" not in (before, now):  # "unknown": the service was down
         if not allow_change:
             raise ResumeRefused(f"run {run_id} was trained against reward model {before}, which now resolves to {now}; "
                                 "pin reward.model to the first (models:/NAME/VERSION) or pass --allow-config-change")

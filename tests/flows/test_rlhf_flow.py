@@ -109,3 +109,17 @@ def test_reward_model_service_down_skips_samples(reward_model, tiny_checkpoint, 
     assert any("reward-model service" in a for a in meta["alerts"])
     assert summary["heldout_rm_score_base"] is None  # nothing scored is reported as nothing, not 0
     assert summary["final_policy_version"] == file_weights_sha256(tiny_checkpoint)
+
+
+def test_a_resume_refuses_a_reward_model_that_changed():
+    """`@best` moved to a newer reward model between a run's start and its resume: the reward would change
+    mid-run, so the resume is refused unless the change is allowed."""
+    from flows.train import _check_reward_model
+    from rlpipe.resume import ResumeRefused
+
+    progress = {"reward_model_version": "rlpipe-x-rm/v1@aaaa"}
+    _check_reward_model("r", progress, {"reward_model_version": "rlpipe-x-rm/v1@aaaa"}, False)  # same: fine
+    with pytest.raises(ResumeRefused, match="v1@aaaa, which now resolves to rlpipe-x-rm/v2@bbbb"):
+        _check_reward_model("r", progress, {"reward_model_version": "rlpipe-x-rm/v2@bbbb"}, False)
+    _check_reward_model("r", progress, {"reward_model_version": "rlpipe-x-rm/v2@bbbb"}, True)  # allowed
+    _check_reward_model("r", {}, {"reward_model_version": "rlpipe-x-rm/v2@bbbb"}, False)  # a new run

@@ -79,6 +79,8 @@ def test_a_bad_item_fails_alone_and_a_bad_request_is_refused(served):
     assert [x["status"] for x in r] == ["error", "ok", "error", "error"]
     assert "token ids in [0," in r[0]["reason"] and "more than the reward model's" in r[2]["reason"]
     assert all(x["score"] is None for x in (r[0], r[2], r[3]))
+    bad_chat = httpx.post(f"{url}/score", json={"items": [{"prompt": "not json", "response": "2", "chat": True}]}).json()
+    assert bad_chat["results"][0]["status"] == "error" and "JSON message list" in bad_chat["results"][0]["reason"]
     assert httpx.post(f"{url}/score", json={"items": [{"prompt": "q"}]}).status_code == 422  # nothing to score
     assert httpx.post(f"{url}/score", content=b"{not json").status_code == 422
     assert httpx.get(f"{url}/health").json()["status"] == "ok"  # it survived

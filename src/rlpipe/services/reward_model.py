@@ -93,7 +93,10 @@ class RewardModelService:
             if not ids or bad:
                 return f"input_ids must be non-empty token ids in [0, {self.vocab}); got {bad[:3] or 'none'}"
         else:
-            ids = self.scorer.encode(item.prompt or "", item.response or "", item.chat)
+            try:
+                ids = self.scorer.encode(item.prompt or "", item.response or "", item.chat)
+            except (ValueError, TypeError, KeyError) as e:  # e.g. chat: true with a prompt that is no message list
+                return f"cannot read the item ({type(e).__name__}: {e}); with chat: true the prompt must be a JSON message list"
         if len(ids) > self.max_len:
             return f"{len(ids)} tokens, more than the reward model's {self.max_len} positions; shorten the item"
         return ids
