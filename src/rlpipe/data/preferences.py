@@ -59,7 +59,10 @@ def is_preference_file(path: str | Path) -> bool:
     """Whether a JSONL/Parquet file holds preference pairs (has ``chosen`` and ``rejected``)."""
     path = Path(path)
     if path.suffix == ".parquet":
-        names = pq.read_schema(path).names
+        try:
+            names = pq.read_schema(path).names
+        except Exception:  # noqa: BLE001 - not readable: the prompt loader says why
+            return False
         return "chosen" in names and "rejected" in names
     for line in path.read_text().splitlines():
         if line.strip():
