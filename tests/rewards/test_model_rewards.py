@@ -76,3 +76,12 @@ def test_a_reward_model_service_that_is_down_gives_skipped():
 def test_running_norm_std_of_constant_scores_is_guarded():
     norm = RunningNorm.seeded(1.0, 0.0, 5)
     assert all(math.isfinite(x) for x in norm.normalise([1.0, 2.0], clip=None))
+
+
+def test_an_ok_answer_without_a_score_is_skipped_not_trusted():
+    rm = RemoteRewardModel.__new__(RemoteRewardModel)
+    rm.url, rm.version, rm.last_problem = "http://rm", "v", None
+    out = rm._results({"results": [{"score": None, "status": "ok"}, {"score": 0.5, "status": "ok", "rm_version": "v2"},
+                                   {"score": None, "status": "timeout", "reason": "slow"}]}, 3)
+    assert [(r.status, r.reward) for r in out] == [("skipped", None), ("ok", 0.5), ("timeout", None)]
+    assert "without a finite score" in out[0].reason

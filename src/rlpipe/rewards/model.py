@@ -109,7 +109,10 @@ class RemoteRewardModel:
     def _results(self, body: Any, n: int) -> list[VerifyResult]:
         try:
             got = body["results"]
-            out = [VerifyResult(x["score"], x["status"], x.get("reason") or "") for x in got]
+            out = [VerifyResult(x["score"], x["status"], x.get("reason") or "")
+                   if x["status"] != "ok" or isinstance(x["score"], (int, float)) and math.isfinite(x["score"])
+                   else VerifyResult(None, "skipped", f"reward-model service {self.url} answered ok without a finite score")
+                   for x in got]
             self.version = got[0].get("rm_version", self.version) if got else self.version
         except (KeyError, TypeError, IndexError) as e:
             self.last_problem = f"reward-model service {self.url} sent an unreadable answer ({type(e).__name__}: {e})"
