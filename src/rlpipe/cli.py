@@ -240,8 +240,9 @@ def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Opt
 # hidden true quality is `closeness`; the reward model learns it from noisy preference pairs only.
 RLHF_DEMO = [
     "task.name=arithmetic-rlhf", "task.dataset=builtin:arithmetic-rlhf", "reward.type=model",
-    "rm.steps=400", "rm.lr=3e-4", "rm.eval_every=25", "rm.patience=6",
-    "train.total_iterations=60", "train.eval_interval=10", "train.save_interval=20",
+    "sft.steps=500", "sft.stop_at_accuracy=null", "sft.eval_every=100",
+    "rm.steps=600", "rm.lr=3e-4", "rm.eval_every=25", "rm.patience=6",
+    "train.total_iterations=40", "train.eval_interval=10", "train.save_interval=20", "train.kl_coef=0.05",
 ]
 
 

@@ -50,3 +50,20 @@ def test_expression_task_has_disjoint_targets_and_valid_references():
     for r in rows:  # every reference expression really has the target value
         assert eval(r["solution"], {"__builtins__": {}}) == int(r["ground_truth"]), r
         assert r["task"] == "python_expr" and r["prompt"] == f"expr {r['ground_truth']}:"
+
+
+def test_rlhf_task_demonstrations_carry_a_seeded_sloppy_habit_on_train_rows_only():
+    from rlpipe.data.arithmetic import SLOPPY_DEMO_SHARE, build_arithmetic_rlhf
+    from rlpipe.rewards.closeness import closeness
+
+    rows = build_arithmetic_rlhf(DataConfig()).to_pylist()
+    assert {r["task"] for r in rows} == {"closeness"}
+    train = [r for r in rows if r["split"] == "train"]
+    assert all(r["solution"] is None for r in rows if r["split"] != "train")  # held-out rows: no demonstration
+    sloppy = [r for r in train if r["solution"] != r["ground_truth"]]
+    assert abs(len(sloppy) / len(train) - SLOPPY_DEMO_SHARE) < 0.02
+    for r in sloppy:  # the sum with a stray 0: worth nothing to the hidden quality
+        assert r["solution"] == r["ground_truth"] + "0"
+        assert closeness(r["solution"], r["ground_truth"]).reward < 1e-6
+    assert rows == build_arithmetic_rlhf(DataConfig()).to_pylist()
+    assert validate_prompts(build_arithmetic_rlhf(DataConfig())) == []

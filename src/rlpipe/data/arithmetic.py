@@ -78,7 +78,26 @@ def build_arithmetic(cfg: DataConfig | None = None, verifier: str = "math") -> p
     return pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
 
 
+# Share of the RLHF task's SFT demonstrations that carry a sloppy habit: the right sum with a stray "0"
+# appended ("120" written "1200"), an answer the hidden quality scores 0. Over half, so that the SFT
+# model's greedy answer has the habit too. The tiny reward model
+# learns coarse flaws like this one from the preference pairs (held-out pair accuracy ≈ 0.88), but not
+# the units digit (≈ 0.5 on near misses among the policy's own samples, benchmarks/README.md), so this
+# habit is what RL against the learned reward can fix — and what the hidden score shows it fixing.
+SLOPPY_DEMO_SHARE = 0.6
+
+
 def build_arithmetic_rlhf(cfg: DataConfig | None = None) -> pa.Table:
     """The arithmetic prompts of the RLHF task: rows name ``closeness``, the true quality evaluations report
-    beside the reward model's score (the reward model never sees it)."""
-    return build_arithmetic(cfg, verifier="closeness")
+    beside the reward model's score (the reward model never sees it). Training rows carry an SFT
+    demonstration (``solution``): the sum, or for a seeded :data:`SLOPPY_DEMO_SHARE` of them the sum with
+    a stray "0" appended — demonstrations with a flaw that preferences, not imitation, remove."""
+    cfg = cfg or DataConfig()
+    table = build_arithmetic(cfg, verifier="closeness")
+    rng = random.Random(cfg.seed + 7)
+    rows = table.to_pylist()
+    for r in rows:
+        if r["split"] == "train":
+            sloppy = rng.random() < SLOPPY_DEMO_SHARE
+            r["solution"] = r["ground_truth"] + "0" if sloppy else r["ground_truth"]
+    return pa.Table.from_pylist(rows, schema=PROMPT_SCHEMA)
