@@ -2,7 +2,7 @@
 # A recipe over several seeds, each in its own RLPIPE_HOME, one after the other; prints base → final.
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2"                       # `rlpipe demo --set seed=N` (~8 min each)
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2" SFT.yaml RL.yaml      # `rlpipe sft SFT.yaml`, then `rlpipe run RL.yaml`
-#   bash benchmarks/seeds.sh OUT_DIR "0 1 2" rlhf                  # `rlpipe demo rlhf --set seed=N` (~12 min each)
+#   bash benchmarks/seeds.sh OUT_DIR "0 1 2" rlhf                  # `rlpipe demo rlhf --set seed=N` (~7 min each)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?OUT_DIR}

@@ -256,13 +256,16 @@ def demo(
     if which not in ("rlvr", "rlhf"):
         typer.echo(f"rlpipe demo: unknown demo {which!r}; use rlvr or rlhf", err=True)
         raise typer.Exit(2)
+    import time
+
+    start = time.time()
     cfg = _load(None, (RLHF_DEMO if which == "rlhf" else []) + (set_ or []))
     s = settings()
     _demo_base(cfg, s)
     if sft_only:
         return
     if which == "rlhf":
-        _demo_rlhf(cfg, s)
+        _demo_rlhf(cfg, s, start)
         return
     rl_cfg = cfg.model_copy(deep=True)
     rl_cfg.task.policy_model = f"models:/{cfg.registered_model}@base"
@@ -289,13 +292,13 @@ def _demo_links(s) -> None:
     typer.echo("  Prefect: prefect server start   # then http://127.0.0.1:4200 (flow runs rl-train and rl-iteration)")
 
 
-def _demo_rlhf(cfg: RunConfig, s) -> None:
-    """SFT base → reward model on the base's trunk → GRPO against the reward model (pinned to that version)."""
+def _demo_rlhf(cfg: RunConfig, s, start: float) -> None:
+    """SFT base → reward model on the base's trunk → GRPO against the reward model (pinned to that version).
+    ``wall_s`` counts from ``start``, the demo's own start, so it includes the SFT base when one was trained."""
     import time
 
     from rlpipe.runs import new_run_id, write_summary
 
-    start = time.time()
     rm_cfg = cfg.model_copy(deep=True)
     rm_cfg.rm.base_model = f"models:/{cfg.registered_model}@base"
     rm = _run_rm(rm_cfg, None)
@@ -317,6 +320,7 @@ def _demo_rlhf(cfg: RunConfig, s) -> None:
                f"{summary['heldout_true_score_final']:.3f}   ({summary['heldout_true_score_final'] - summary['heldout_true_score_base']:+.3f})")
     typer.echo(f"  reward-model score   base {summary['heldout_rm_score_base']:.3f}  →  final {summary['heldout_rm_score_final']:.3f}")
     typer.echo(f"  reward hacking       {summary['reward_hacking_alerts']} alert(s); curve {summary['rm_vs_true_png']}")
+    typer.echo(f"  demo wall time       {summary['wall_s'] // 60:.0f} min {summary['wall_s'] % 60:.0f} s")
     _demo_links(s)
     typer.echo(str(path))
 
