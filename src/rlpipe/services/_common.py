@@ -1,5 +1,6 @@
-"""What rlpipe's HTTP services share: counters with latency percentiles, and handing a result to a
-request that may have given up already."""
+"""What rlpipe's HTTP services share: counters with latency percentiles, handing a result to a
+request that may have given up already, and the app skeleton (``/health``, ``/metrics``, the 429 of a full
+queue, serving until stopped). fastapi and uvicorn are imported only when an app is built or served."""
 
 from __future__ import annotations
 
@@ -42,3 +43,34 @@ def settle(fut: Future, result: Any = None, exception: BaseException | None = No
             fut.set_result(result)
     except InvalidStateError:  # cancelled or already settled: nobody waits for it
         pass
+
+
+def service_app(title: str, service: Any):
+    """A FastAPI app with the ``/health`` and ``/metrics`` every rlpipe service answers (from
+    ``service.health()`` and ``service.metrics()``); the caller adds its work endpoint."""
+    from fastapi import FastAPI
+
+    app = FastAPI(title=title, version="1")
+    app.get("/health")(service.health)
+    app.get("/metrics")(service.metrics)
+    return app
+
+
+def queue_full(service: Any):
+    """The 429 answer for a request the bounded queue has no room for (counted as ``rejected``)."""
+    from fastapi import HTTPException
+
+    service.stats.add(rejected=1)
+    return HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
+                         headers={"Retry-After": "1"})
+
+
+def run_service(app: Any, service: Any, host: str, port: int) -> None:
+    """Serve ``app`` until stopped, then close ``service``. Request handlers are sync, so uvicorn runs
+    them in its thread pool; the service's bounded queue is what limits the work in flight."""
+    import uvicorn
+
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30)
+    finally:
+        service.close()

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlpipe.services._common import Counters, settle
+from rlpipe.services._common import Counters, queue_full, run_service, service_app, settle
 
 log = logging.getLogger(__name__)
 
@@ -151,17 +151,9 @@ def _answer(service: RewardModelService, job: _Job, wait: float) -> list[dict[st
 
 
 def create_app(service: RewardModelService):
-    from fastapi import FastAPI, HTTPException
+    from fastapi import HTTPException
 
-    app = FastAPI(title="rlpipe reward model", version="1")
-
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return service.health()
-
-    @app.get("/metrics")
-    def metrics() -> dict[str, Any]:
-        return service.metrics()
+    app = service_app("rlpipe reward model", service)
 
     @app.post("/score")
     def score(req: ScoreRequest) -> dict[str, Any]:
@@ -173,9 +165,7 @@ def create_app(service: RewardModelService):
         try:
             job = service.submit([service.encode(i) for i in req.items])
         except queue.Full:
-            service.stats.add(rejected=1)
-            raise HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
-                                headers={"Retry-After": "1"}) from None
+            raise queue_full(service) from None
         try:
             out = _answer(service, job, req.timeout_s or service.request_timeout_s)
         except Exception as e:  # noqa: BLE001 - the model failed on this batch; the service goes on
@@ -188,11 +178,6 @@ def create_app(service: RewardModelService):
 
 def serve(scorer: Any, host: str = "127.0.0.1", port: int = 8766, max_queue: int = 64, max_batch_items: int = 512,
           request_timeout_s: float = 30.0) -> None:
-    import uvicorn
-
     service = RewardModelService(scorer, max_queue=max_queue, max_batch_items=max_batch_items,
                                  request_timeout_s=request_timeout_s)
-    try:
-        uvicorn.run(create_app(service), host=host, port=port, log_level="warning", timeout_keep_alive=30)
-    finally:
-        service.close()
+    run_service(create_app(service), service, host, port)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
-from rlpipe.services._common import Counters, settle
+from rlpipe.services._common import Counters, queue_full, run_service, service_app, settle
 
 MAX_ITEMS = 4096
 CHUNK_PER_WORKER = 16  # items per worker scored between two checks for an abandoned request
@@ -191,17 +191,9 @@ def _answer(service: VerifierService, job: Job, timeout_s: float | None) -> list
 
 
 def create_app(service: VerifierService):
-    from fastapi import FastAPI, HTTPException
+    from fastapi import HTTPException
 
-    app = FastAPI(title="rlpipe verifier", version="1")
-
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return service.health()
-
-    @app.get("/metrics")
-    def metrics() -> dict[str, Any]:
-        return service.metrics()
+    app = service_app("rlpipe verifier", service)
 
     @app.post("/verify")
     def verify(req: VerifyRequest) -> dict[str, Any]:
@@ -213,9 +205,7 @@ def create_app(service: VerifierService):
         except (ValueError, KeyError) as e:  # an option or verifier the service does not know
             raise HTTPException(status_code=422, detail=str(e).strip("'\"")) from None
         except queue.Full:
-            service.stats.add(rejected=1)
-            raise HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
-                                headers={"Retry-After": "1"}) from None
+            raise queue_full(service) from None
         try:
             out = _answer(service, job, req.timeout_s)
         except Exception as e:  # noqa: BLE001 - the pool failed on this batch; the service goes on
@@ -230,13 +220,6 @@ def create_app(service: VerifierService):
 def serve(host: str = "127.0.0.1", port: int = 8765, workers: int = 2, grace_s: float = 5.0,
           max_queue: int = 64, request_timeout_s: float = 60.0, plugins: tuple[str, ...] = (),
           options: dict[str, dict[str, Any]] | None = None) -> None:
-    import uvicorn
-
     service = VerifierService(workers=workers, grace_s=grace_s, max_queue=max_queue,
                               request_timeout_s=request_timeout_s, plugins=plugins, options=options)
-    try:
-        # Request handlers are sync, so uvicorn runs them in its thread pool; the pool's size and the
-        # bounded queue are what limit the work in flight.
-        uvicorn.run(create_app(service), host=host, port=port, log_level="warning", timeout_keep_alive=30)
-    finally:
-        service.close()
+    run_service(create_app(service), service, host, port)  # the pool's size and the queue bound the work in flight
