@@ -4,7 +4,7 @@ import sys
 CORE = [
     "rlpipe", "rlpipe.config", "rlpipe.storage", "rlpipe.storage.layout", "rlpipe.data", "rlpipe.rewards",
     "rlpipe.training.tiny", "rlpipe.training.sft", "rlpipe.training.checkpoint", "rlpipe.training.models",
-    "rlpipe.tracking.mlflow_utils", "rlpipe.runs",
+    "rlpipe.tracking.mlflow_utils", "rlpipe.runs", "rlpipe.envs", "rlpipe.envs.calculator", "rlpipe.envs.guess",
 ]
 FORBIDDEN = ["prefect", "mlflow", "boto3", "vllm", "deepspeed"]
 

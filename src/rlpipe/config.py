@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -41,6 +41,9 @@ class ConfigError(ValueError):
         lines = [f"{source}: {len(problems)} problem(s)"]
         lines += [f"  {path or '<root>'}: {msg}" for path, msg in problems]
         super().__init__("\n".join(lines))
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -576,12 +579,18 @@ def _yaml_path(loc: tuple[Any, ...]) -> str:
 
 
 def validate_raw(raw: Any, source: str = "<config>") -> RunConfig:
+    return validate_model(RunConfig, raw, source)
+
+
+def validate_model(model: type[_M], raw: Any, source: str) -> _M:
+    """``raw`` (a parsed YAML mapping) as ``model``, or a :class:`ConfigError` listing every problem by its
+    YAML path. Shared by run configs and the other YAML files validated like them (environment specs)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(source, [("", f"the top level must be a mapping, got {type(raw).__name__}")])
     try:
-        return RunConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
         problems = []
         for err in e.errors():
@@ -605,7 +614,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> Any:
+def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> Any:
     """A config file with its ``extends:`` chain merged in (the extending file's keys win)."""
     source = str(path)
     if not path.exists():
@@ -623,7 +632,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> Any:
     parent_path = (path.parent / parent).resolve()
     if parent_path in chain or parent_path == path.resolve():
         raise ConfigError(source, [("extends", f"circular: {' -> '.join(map(str, chain + (path, parent_path)))}")])
-    base = _read_yaml(parent_path, chain + (path.resolve(),))
+    base = read_yaml(parent_path, chain + (path.resolve(),))
     if not isinstance(base, dict):
         raise ConfigError(str(parent_path), [("", "the top level must be a mapping")])
     return _deep_merge(base, raw)
@@ -635,7 +644,7 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
     A file may start from another with ``extends: base.yaml`` (relative to itself); its own keys
     are merged over the base's, section by section."""
     source = str(path) if path else "<defaults>"
-    raw: Any = _read_yaml(Path(path)) if path else {}
+    raw: Any = read_yaml(Path(path)) if path else {}
     if overrides:
         if not isinstance(raw, dict):
             raise ConfigError(source, [("", "the top level must be a mapping")])

@@ -1,0 +1,22 @@
+"""Agent environments: the ``reset``/``step`` protocol, a registry by name, the action format, episodes
+with their limits and verdicts, and the built-in environments (``calculator``, ``guess``).
+
+Environment specs are YAML files (``configs/envs/*.yaml``) validated like run configs::
+
+    from rlpipe.envs import load_env_spec
+    spec = load_env_spec("configs/envs/calculator.yaml")
+    episode = Episode(spec.make(), task={}, seed=0, limits=spec.limits)
+
+The multi-turn rollout, the sandboxed environment service and the config's ``agent:`` section are
+not built yet: a run config still refuses ``agent:``.
+"""
+
+from rlpipe.envs.actions import Action, InvalidAction, format_action, parse_action
+from rlpipe.envs.base import (EnvLimits, EnvSpec, Environment, StepResult, TaskError, ToolEnvironment, env_class, env_names,
+                              load_env_spec, register_env)
+from rlpipe.envs.episode import Episode, Step, completeness_problems
+
+__all__ = [
+    "Action", "EnvLimits", "EnvSpec", "Environment", "Episode", "InvalidAction", "Step", "StepResult", "TaskError", "ToolEnvironment",
+    "completeness_problems", "env_class", "env_names", "format_action", "load_env_spec", "parse_action", "register_env",
+]
