@@ -101,6 +101,18 @@ class Episode:
         """The steps as the trajectory table's ``steps`` column stores them."""
         return [{"action": s.action, "observation": s.observation, "reward": s.reward} for s in self.steps]
 
+    def cut(self, why: str) -> None:
+        """End a running episode from outside (e.g. the rollout's context limit): kept, flagged truncated."""
+        if self.status != "running":
+            raise RuntimeError(f"episode is over ({self.status}); nothing to cut")
+        self._truncate(why)
+
+    def fail(self, why: str) -> None:
+        """End a running episode as ``error`` from outside (a fault that is not the model's)."""
+        if self.status != "running":
+            raise RuntimeError(f"episode is over ({self.status}); nothing to fail")
+        self._fail(why)
+
     def _truncate(self, why: str) -> None:
         self.status, self.truncated, self.reason = "ok", True, f"truncated: {why}"
 

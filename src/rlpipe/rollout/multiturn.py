@@ -1,0 +1,113 @@
+"""Multi-turn rollout: a batch of episodes stepped together on one engine, observations masked out.
+
+Each turn, every live episode's context (its prompt plus everything so far) goes to the engine in
+one ``generate`` call; each completion is the episode's next action. The environment's answer is
+appended as *observation tokens*: they are part of the context the policy conditions on, but carry
+``loss_mask = 0`` and a log-prob of 0, so no loss ever reaches them. The history is never
+re-tokenized — each turn appends token ids to the last — so the ids the trainer scores are exactly
+the ids the engine sampled (re-tokenizing a decoded history can merge or split tokens at turn
+boundaries, and the sampled log-probs would then belong to other tokens).
+
+Turns use the model's chat template (``chat=True``): an observation becomes a ``tool`` message and
+the next assistant turn's opening, as the template renders them (:func:`observation_text`). Plain
+prompts (``chat=False``) get the observation and a newline.
+
+An episode whose context would outgrow ``max_context`` is cut and flagged truncated (``Episode.cut``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlpipe.envs.base import EnvSpec
+from rlpipe.envs.episode import Episode
+from rlpipe.rollout.base import RolloutEngine, SamplingConfig
+
+_MARK = "\u2063ACTION\u2063"  # an action placeholder no template changes
+
+
+@dataclass
+class EpisodeRollout:
+    """One episode as the trainer needs it: token ids, sampling log-probs and the loss mask, per
+    response token (actions and observations interleaved), plus the episode itself."""
+
+    prompt_ids: list[int]
+    episode: Episode
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+
+    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
+        """Policy tokens (with their log-probs) or, with ``logprobs=None``, observation tokens."""
+        self.response_ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.loss_mask += [1 if logprobs is not None else 0] * len(ids)
+
+
+def observation_text(tokenizer: Any, observation: str, stop_text: str | None, chat: bool, role: str = "tool") -> str:
+    """The text that follows an action the policy ended with ``stop_text`` (its end token, or None when
+    it was cut at the token limit): the rest of the assistant turn as the template closes it, the
+    observation as a ``role`` message, and the opening of the next assistant turn."""
+    if not chat:
+        return observation + "\n"
+    action = [{"role": "assistant", "content": _MARK}]
+    alone = tokenizer.apply_chat_template(action, tokenize=False)
+    both = tokenizer.apply_chat_template(action + [{"role": role, "content": observation}], tokenize=False,
+                                         add_generation_prompt=True)
+    if not both.startswith(alone) or _MARK not in alone:
+        raise ValueError("the tokenizer's chat template does not render a conversation as its messages in order; "
+                         "multi-turn rollout needs one that does (ChatML and most others do)")
+    close = alone[alone.index(_MARK) + len(_MARK):]  # how the template ends an assistant turn
+    if stop_text and close.startswith(stop_text):
+        close = close[len(stop_text):]  # the policy already wrote the end token itself
+    return close + both[len(alone):]
+
+
+def _prompt_ids(tokenizer: Any, first_observation: str, chat: bool, system: str | None) -> list[int]:
+    if chat:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": first_observation}]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    else:
+        text = first_observation + "\n"
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def run_episodes(engine: RolloutEngine, tokenizer: Any, spec: EnvSpec, tasks: list[tuple[dict[str, Any], int]],
+                 sampling: SamplingConfig, *, chat: bool = True, max_context: int = 512,
+                 system: str | None = None) -> list[EpisodeRollout]:
+    """Run one episode per ``(task, seed)``, all live episodes stepping together; episodes whose
+    environment failed to start come back with status ``error`` and no tokens."""
+    if sampling.n != 1:
+        raise ValueError("run_episodes samples one action per episode and turn; repeat a task for a group")
+    rollouts = [_start(spec, task, seed, tokenizer, chat, system, max_context - sampling.max_new_tokens)
+                for task, seed in tasks]
+    live = [r for r in rollouts if r.episode.status == "running"]
+    while live:
+        outs = engine.generate([r.prompt_ids + r.response_ids for r in live], sampling)
+        for r, (comp,) in zip(live, outs):
+            r.append(list(comp.token_ids), list(comp.logprobs))
+            obs = r.episode.act(comp.text)
+            if obs is None:
+                continue
+            stop = tokenizer.decode(comp.token_ids[-1:]) if comp.finish_reason == "stop" else None
+            ids = tokenizer(observation_text(tokenizer, obs, stop, chat), add_special_tokens=False)["input_ids"]
+            used = len(r.prompt_ids) + len(r.response_ids) + len(ids)
+            if used + sampling.max_new_tokens > max_context:  # the next turn would not fit: end on the action
+                r.episode.cut(f"context of {used} tokens with the observation leaves no room for "
+                              f"{sampling.max_new_tokens} more within max_context={max_context}")
+            else:
+                r.append(ids, None)
+        live = [r for r in live if r.episode.status == "running"]
+    return rollouts
+
+
+def _start(spec: EnvSpec, task: dict[str, Any], seed: int, tokenizer: Any, chat: bool, system: str | None,
+           room: int) -> EpisodeRollout:
+    ep = Episode(spec.make(), task, seed, spec.limits)
+    first = ep.start()
+    prompt = _prompt_ids(tokenizer, first, chat, system) if first is not None else []
+    if len(prompt) > room:  # the task's own fault: its first observation does not fit the context
+        ep.fail(f"the first observation takes {len(prompt)} tokens, more than the {room} the context leaves; "
+                f"raise max_context or shorten the task")
+    return EpisodeRollout(prompt, ep)
