@@ -8,7 +8,8 @@ import sys
 import torch
 
 from rlpipe.config import TrainConfig
-from rlpipe.training.trainer import PolicyTrainer, Sample
+from rlpipe.storage.samples import Sample
+from rlpipe.training.trainer import PolicyTrainer
 
 
 def fixed_batch(n: int = 48) -> list[Sample]:

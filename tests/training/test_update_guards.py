@@ -8,7 +8,8 @@ import torch
 
 from rlpipe.algorithms import AdvantageInput, compute_advantages
 from rlpipe.config import TrainConfig
-from rlpipe.training.trainer import PolicyTrainer, Sample
+from rlpipe.storage.samples import Sample
+from rlpipe.training.trainer import PolicyTrainer
 
 
 def _trainer(model_dir, **cfg) -> PolicyTrainer:

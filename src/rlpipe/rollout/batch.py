@@ -15,7 +15,7 @@ from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
 from rlpipe.storage.schemas import REWARD_STATUSES, TRAJECTORY_SCHEMA
 from rlpipe.training.sft import render_prompt
-from rlpipe.training.trainer import Sample
+from rlpipe.storage.samples import Sample
 
 __all__ = [
     "apply_overlong_penalty", "apply_verdicts", "batch_metrics", "filter_groups", "generate_table", "group_signal", "score_table",

@@ -23,6 +23,7 @@ from typing import Any
 from rlpipe.envs.base import EnvSpec
 from rlpipe.envs.episode import Episode
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
+from rlpipe.storage.samples import Sample
 
 _MARK = "\u2063ACTION\u2063"  # an action placeholder no template changes
 
@@ -37,6 +38,12 @@ class EpisodeRollout:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+
+    def sample(self, group: int) -> Sample:
+        """The episode as a training sample: its outcome reward (None unless the episode ended ``ok``,
+        so an environment error is left out of the update) and its loss mask."""
+        return Sample(self.prompt_ids, self.response_ids, self.logprobs, self.episode.reward, group,
+                      self.loss_mask, self.episode.truncated)
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Policy tokens (with their log-probs) or, with ``logprobs=None``, observation tokens."""

@@ -38,30 +38,10 @@ from rlpipe.algorithms import (
 )
 from rlpipe.algorithms.functional import entropy_from_logits, logprob_gap, masked_mean, masked_stats, token_logprobs
 from rlpipe.config import TrainConfig
+from rlpipe.storage.samples import Sample
 from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256, rng_state, set_rng_state
 
 __all__ = ["PolicyTrainer", "Sample", "init_distributed"]
-
-
-@dataclass
-class Sample:
-    """One scored completion, as the trainer needs it."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    old_logprobs: list[float]  # sampling log-probs, one per response token
-    reward: float | None  # None unless the reward status is ok
-    group: int  # samples of the same prompt share a group
-    loss_mask: list[int] | None = None  # per response token: 1 on the policy's own tokens; None = all 1
-    truncated: bool = False  # cut at max_new_tokens
-
-    @property
-    def valid(self) -> bool:
-        return self.reward is not None and math.isfinite(self.reward)
-
-    @property
-    def action_mask(self) -> list[int]:
-        return list(self.loss_mask) if self.loss_mask is not None else [1] * len(self.response_ids)
 
 
 def _free_port() -> int:
