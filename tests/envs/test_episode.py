@@ -124,3 +124,16 @@ def test_a_recorded_episode_passes_its_own_check():
     ep.act("calc(1)")
     assert ep.truncated
     assert completeness_problems(ep.record(), done=ep.done, truncated=ep.truncated, max_steps=2) == []
+
+
+def test_experts_solve_their_environments_from_observations_alone():
+    from rlpipe.envs import EnvSpec
+    from rlpipe.envs.experts import demonstrate
+
+    calc = [demonstrate(EnvSpec(env="calculator"), {}, s) for s in range(20)]
+    assert all(e.done and e.reward == 1.0 and len(e.steps) == 2 and e.tool_calls == 1 for e in calc)
+    guess = [demonstrate(EnvSpec(env="guess"), {"secret": k}, 0) for k in range(1, 101)]
+    assert all(e.done and e.reward == 1.0 for e in guess)
+    assert sum(len(e.steps) for e in guess) / 100 == pytest.approx(5.8)
+    with pytest.raises(KeyError, match="no expert"):
+        demonstrate(EnvSpec.model_construct(env="chess"), {}, 0)

@@ -104,3 +104,41 @@ def test_a_first_observation_longer_than_the_context_is_an_error(engine):
     (r,) = run_episodes(engine, engine.tokenizer, EnvSpec(env="calculator", params={"digits": 9}), [({}, 0)],
                         SamplingConfig(temperature=1.0, max_new_tokens=8, seed=0), chat=True, max_context=30)
     assert r.episode.status == "error" and "raise max_context" in r.episode.reason and r.response_ids == []
+
+
+def test_a_demonstration_is_laid_out_as_a_sampled_episode_would_be():
+    from rlpipe.envs.experts import demonstrate
+    from rlpipe.rollout.multiturn import encode_episode
+
+    tok = build_char_tokenizer()
+    ep = demonstrate(EnvSpec(env="calculator"), {"expression": "1234*5678"}, 0)
+    r = encode_episode(tok, ep, chat=True)
+    assert tok.decode(r.prompt_ids) == "<|im_start|>user\n1234*5678<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(r.response_ids) == ("calc(1234*5678)<|im_end|>\n<|im_start|>tool\n=7006652<|im_end|>\n"
+                                          "<|im_start|>assistant\nanswer(7006652)<|im_end|>")
+    trained = [t for t, m in zip(r.response_ids, r.loss_mask) if m]
+    assert tok.decode(trained) == "calc(1234*5678)<|im_end|>answer(7006652)<|im_end|>"
+    with pytest.raises(ValueError, match="finished episode"):
+        from rlpipe.envs import Episode
+        encode_episode(tok, Episode(EnvSpec(env="guess").make(), {}, 0, EnvLimits()), chat=True)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_re_encoding_a_sampled_episode_gives_back_its_ids_and_mask(engine, chat):
+    """SFT traces and RL episodes share one layout: an episode sampled on the engine, written out again
+    from its actions and observations alone, is the same token sequence with the same mask. Greedy
+    actions here: the end token at once, then a run of letters cut at the token limit."""
+    from rlpipe.rollout.multiturn import encode_episode
+
+    tok = engine.tokenizer
+    spec = EnvSpec(env="calculator", params={"digits": 2}, limits=EnvLimits(max_steps=3))
+    out = run_episodes(engine, tok, spec, [({}, s) for s in range(6)],
+                       SamplingConfig(temperature=0.0, max_new_tokens=12, seed=0), chat=chat)
+    kinds = set()
+    for r in out:
+        kinds |= set(r.stopped)
+        again = encode_episode(tok, r.episode, chat=chat, stopped=r.stopped)
+        assert (again.prompt_ids, again.response_ids, again.loss_mask) == (r.prompt_ids, r.response_ids, r.loss_mask)
+    # Both ends of an action are exercised in plain mode; in chat mode this arithmetic-trained model never
+    # ends a turn (the demonstration test above covers an action ended by <|im_end|>).
+    assert kinds == ({False} if chat else {True, False})

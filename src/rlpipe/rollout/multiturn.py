@@ -38,6 +38,7 @@ class EpisodeRollout:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+    stopped: list[bool] = field(default_factory=list)  # per action: ended with the policy's end token (not cut at the token limit)
 
     def sample(self, group: int) -> Sample:
         """The episode as a training sample: its outcome reward (None unless the episode ended ``ok``,
@@ -94,6 +95,7 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, spec: EnvSpec, tasks: li
         outs = engine.generate([r.prompt_ids + r.response_ids for r in live], sampling)
         for r, (comp,) in zip(live, outs):
             r.append(list(comp.token_ids), list(comp.logprobs))
+            r.stopped.append(comp.finish_reason == "stop")
             obs = r.episode.act(comp.text)
             if obs is None:
                 continue
@@ -118,3 +120,36 @@ def _start(spec: EnvSpec, task: dict[str, Any], seed: int, tokenizer: Any, chat:
         ep.fail(f"the first observation takes {len(prompt)} tokens, more than the {room} the context leaves; "
                 f"raise max_context or shorten the task")
     return EpisodeRollout(prompt, ep)
+
+
+def end_of_turn_id(tokenizer: Any, chat: bool) -> int:
+    """The token the policy ends an action with: the chat template's end-of-message token (ChatML's
+    ``<|im_end|>``) when it is a special token, else the end-of-sequence token."""
+    if chat:
+        alone = tokenizer.apply_chat_template([{"role": "assistant", "content": _MARK}], tokenize=False)
+        close = tokenizer(alone[alone.index(_MARK) + len(_MARK):], add_special_tokens=False)["input_ids"]
+        if close and close[0] in tokenizer.all_special_ids:
+            return close[0]
+    return tokenizer.eos_token_id
+
+
+def encode_episode(tokenizer: Any, episode: Episode, *, chat: bool = True, system: str | None = None,
+                   stopped: list[bool] | None = None) -> EpisodeRollout:
+    """A finished episode written out as :func:`run_episodes` lays it out — each action followed by
+    the end-of-turn token (mask 1), each observation but the last as observation tokens (mask 0) —
+    for supervised training on demonstrations. SFT on such traces and RL on sampled episodes then see
+    the same token layout. ``stopped[k]`` False writes action k without the end token, as an action cut
+    at the token limit was sampled (default: every action ended). Log-probs are 0: nothing was sampled."""
+    if episode.first_observation is None or episode.status == "running":
+        raise ValueError(f"only a finished episode can be encoded (status {episode.status}: {episode.reason})")
+    stop = end_of_turn_id(tokenizer, chat)
+    stopped = stopped if stopped is not None else [True] * len(episode.steps)
+    out = EpisodeRollout(_prompt_ids(tokenizer, episode.first_observation, chat, system), episode)
+    for k, step in enumerate(episode.steps):
+        action = tokenizer(step.action, add_special_tokens=False)["input_ids"] + ([stop] if stopped[k] else [])
+        out.append(action, [0.0] * len(action))
+        out.stopped.append(stopped[k])
+        if k < len(episode.steps) - 1:
+            text = observation_text(tokenizer, step.observation, tokenizer.decode([stop]) if stopped[k] else None, chat)
+            out.append(tokenizer(text, add_special_tokens=False)["input_ids"], None)
+    return out
