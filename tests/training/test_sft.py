@@ -80,3 +80,18 @@ def test_short_sft_lowers_loss_and_is_deterministic():
     assert [h["loss"] for h in runs[0].history] == [h["loss"] for h in runs[1].history]
     ev = evaluate_accuracy(model, tok, rows[:16], max_new_tokens=4)
     assert ev["n"] == 16 and 0.0 <= ev["accuracy"] <= 1.0
+
+
+def test_a_demonstrated_episode_trains_on_the_policys_tokens_only():
+    from rlpipe.envs import EnvSpec
+    from rlpipe.envs.experts import demonstrate
+    from rlpipe.rollout.multiturn import encode_episode
+    from rlpipe.training.sft import IGNORE, episode_example
+    from rlpipe.training.tiny import build_char_tokenizer
+
+    assert episode_example([7, 8], [1, 2, 3, 4], [1, 0, 0, 1]) == ([7, 8, 1, 2, 3, 4], [IGNORE, IGNORE, 1, IGNORE, IGNORE, 4])
+    tok = build_char_tokenizer()
+    r = encode_episode(tok, demonstrate(EnvSpec(env="calculator"), {"expression": "12*34"}, 0), chat=True)
+    ids, labels = episode_example(r.prompt_ids, r.response_ids, r.loss_mask)
+    assert tok.decode([t for t in labels if t != IGNORE]) == "calc(12*34)<|im_end|>answer(408)<|im_end|>"
+    assert len(ids) == len(labels) and "=408" in tok.decode(ids)  # the tool's answer is context, not a target

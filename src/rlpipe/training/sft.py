@@ -132,6 +132,28 @@ def train_sft(
         encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["chat"]), r.get("solution") or r["ground_truth"])
         for r in train_rows
     ]
+    return train_sft_examples(model, tokenizer, examples, cfg, seed, eval_fn, log)
+
+
+def episode_example(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A multi-turn demonstration as an SFT example: loss on the policy's tokens (mask 1) only — never on
+    the prompt or on observation tokens, exactly as the RL update masks them."""
+    labels = [IGNORE] * len(prompt_ids) + [t if m else IGNORE for t, m in zip(response_ids, loss_mask)]
+    return list(prompt_ids) + list(response_ids), labels
+
+
+def train_sft_examples(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    examples: Sequence[tuple[list[int], list[int]]],
+    cfg: SFTConfig,
+    seed: int = 0,
+    eval_fn: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+) -> SFTResult:
+    """:func:`train_sft` on encoded ``(input_ids, labels)`` examples (labels ``IGNORE`` where no loss)."""
+    if not examples:
+        raise ValueError("SFT needs at least one example")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
