@@ -47,7 +47,8 @@ def test_step_penalty_is_a_per_step_reward():
     assert [s.reward for s in ep.steps] == pytest.approx([-0.1, -0.1, 0.9]) and ep.reward == pytest.approx(0.7)
 
 
-@pytest.mark.parametrize("action, words", [("guess(fifty)", "needs an integer"), ("calc(1+1)", "unknown tool"), ("50", "expected")])
+@pytest.mark.parametrize("action, words", [("guess(fifty)", "needs an integer"), ("guess(--5)", "needs an integer"),
+                                           ("guess(²)", "needs an integer"), ("calc(1+1)", "unknown tool"), ("50", "expected")])
 def test_bad_guesses_are_the_models_mistake(action, words):
     env = Guess(GuessParams())
     env.reset({"secret": 5}, seed=0)

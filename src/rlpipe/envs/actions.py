@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 MAX_ACTION_CHARS = 256
 _CALL = re.compile(r"\s*([a-z_][a-z0-9_]*)\((.*)\)\s*", re.DOTALL)
+_INT = re.compile(r"[+-]?[0-9]{1,40}")  # ASCII digits only: str.isdigit() accepts "²", which int() refuses
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ def parse_action(text: str) -> Action:
     if m is None:
         raise InvalidAction("error: expected NAME(ARGUMENT), e.g. calc(12*34) or answer(408)")
     return Action(m.group(1), m.group(2).strip())
+
+
+def parse_int(text: str) -> int | None:
+    """The integer an argument spells (``-12``, ``+7``), or None for anything else — never an exception,
+    since the text is the model's."""
+    return int(text) if _INT.fullmatch(text.strip()) else None
 
 
 def format_action(name: str, argument: str) -> str:

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlpipe.envs.actions import InvalidAction, parse_action
 
 
 class TaskError(ValueError):
@@ -93,8 +95,6 @@ class ToolEnvironment:
         self.started = False
 
     def step(self, action: str) -> StepResult:
-        from rlpipe.envs.actions import InvalidAction, parse_action
-
         if not self.started:
             raise RuntimeError(f"{self.name}: step() before reset()")
         try:
@@ -154,10 +154,10 @@ class EnvSpec(_Strict):
             raise ValueError(f"@env@{e.args[0]}") from None
         try:
             cls.Params.model_validate(self.params)
-        except Exception as e:  # noqa: BLE001 - reported with its path below
-            first = e.errors()[0] if hasattr(e, "errors") else {"loc": (), "msg": str(e)}
+        except ValidationError as e:  # the first problem, with its path under params
+            first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            msg = "unknown parameter" if first.get("type") == "extra_forbidden" else first["msg"]
+            msg = "unknown parameter" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
             raise ValueError(f"@params{'.' + where if where else ''}@{msg} (environment {self.env!r})") from None
         unknown = sorted(set(self.tools or ()) - set(cls.tools))
         if unknown:

@@ -1,4 +1,4 @@
-"""``calculator``: multi-digit arithmetic the tiny policy cannot do in its head, with a calculator tool.
+"""``calculator``: multi-digit arithmetic (4-digit products by default) with a calculator tool.
 
 Episode: the observation is the problem (``1234*5678``). The policy may call ``calc(EXPR)`` any number
 of times (the observation is ``=VALUE`` or ``error: …``) and ends with ``answer(N)``: reward 1 when N
@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import Field
 
+from rlpipe.envs.actions import parse_int
 from rlpipe.envs.base import StepResult, TaskError, ToolEnvironment, _Strict, register_env
 
 MAX_EXPR_CHARS = 64
@@ -39,7 +40,7 @@ def evaluate(expr: str) -> int:
         raise CalcError(f"expression longer than {MAX_EXPR_CHARS} characters")
     try:
         tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # ValueError: e.g. a NUL character in the source
         raise CalcError(f"cannot parse {expr!r}") from None
     return _eval(tree.body)
 
@@ -93,7 +94,7 @@ class Calculator(ToolEnvironment):
         return f"{rng.randint(lo, hi)}{rng.choice(self.params.ops)}{rng.randint(lo, hi)}"
 
     def answer(self, argument: str) -> StepResult:
-        right = argument.lstrip("+-").isdigit() and int(argument) == self.value
+        right = parse_int(argument) == self.value
         return StepResult("correct" if right else "wrong", reward=1.0 if right else 0.0, done=True)
 
     def call(self, tool: str, argument: str) -> StepResult:

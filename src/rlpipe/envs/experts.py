@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rlpipe.envs.actions import format_action
 from rlpipe.envs.base import EnvSpec
 from rlpipe.envs.episode import Episode
 
 
 def _calculator() -> Callable[[str], str]:
     def act(observation: str) -> str:
-        return f"answer({observation[1:]})" if observation.startswith("=") else f"calc({observation})"
+        return format_action("answer", observation[1:]) if observation.startswith("=") else format_action("calc", observation)
 
     return act
 
@@ -33,7 +34,7 @@ def _guess() -> Callable[[str], str]:
         elif observation == "lower":
             state["hi"] = state["last"] - 1
         state["last"] = (state["lo"] + state["hi"]) // 2
-        return f"guess({state['last']})"
+        return format_action("guess", str(state["last"]))
 
     return act
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
+from rlpipe.envs.actions import parse_int
 from rlpipe.envs.base import StepResult, TaskError, ToolEnvironment, _Strict, register_env
 
 
@@ -43,9 +44,9 @@ class Guess(ToolEnvironment):
 
     def call(self, tool: str, argument: str) -> StepResult:
         info = {"tool": "guess", "tool_error": False}
-        if not argument.lstrip("-").isdigit():
+        n, penalty = parse_int(argument), -self.params.step_penalty
+        if n is None:
             return StepResult(f"error: guess needs an integer, got {argument!r}", info=info | {"tool_error": True})
-        n, penalty = int(argument), -self.params.step_penalty
         if n == self.secret:
             return StepResult("correct", reward=1.0 + penalty, done=True, info=info)
         return StepResult("higher" if n < self.secret else "lower", reward=penalty, info=info)
