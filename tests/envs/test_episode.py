@@ -72,6 +72,10 @@ def test_the_episode_clock_truncates_after_the_step_that_ran_past_it():
     (Scripted(reset_value=None), "reset returned NoneType"),
     (Scripted([StepResult("o"), ZeroDivisionError("bug")]), "step 2 failed: ZeroDivisionError: bug"),
     (Scripted([("o", 1.0, True, {})]), "step 1 returned tuple"),
+    (Scripted([StepResult("o", float("nan"))]), "reward nan, not a finite number"),
+    (Scripted([StepResult("o", "1")]), "reward '1', not a finite number"),
+    (Scripted([StepResult(None)]), "observation of type NoneType"),
+    (Scripted([StepResult("o", info=["tool"])]), "info of type list"),
 ])
 def test_an_environment_that_fails_gives_error_never_reward_0(env, words):
     ep = Episode(env, {}, 0, EnvLimits())

@@ -18,6 +18,7 @@ deadline.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,8 +73,9 @@ class Episode:
             result = self.env.step(action)
         except Exception as e:  # noqa: BLE001 - the environment's fault, never the model's
             return self._fail(f"step {len(self.steps) + 1} failed: {type(e).__name__}: {e}")
-        if not isinstance(result, StepResult) or not isinstance(result.observation, str):
-            return self._fail(f"step {len(self.steps) + 1} returned {type(result).__name__}, not a StepResult")
+        bad = _malformed(result)
+        if bad:
+            return self._fail(f"step {len(self.steps) + 1} returned {bad}")
         now = self.clock()
         self.steps.append(Step(action, result.observation, float(result.reward), now - t0, dict(result.info)))
         if result.done:
@@ -121,12 +123,23 @@ class Episode:
         return None
 
 
+def _malformed(result: Any) -> str | None:
+    """What is wrong with a step's result (the environment's fault), or None."""
+    if not isinstance(result, StepResult):
+        return f"{type(result).__name__}, not a StepResult"
+    if not isinstance(result.observation, str):
+        return f"an observation of type {type(result.observation).__name__}, not a string"
+    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+        return f"reward {result.reward!r}, not a finite number"
+    if not isinstance(result.info, dict):
+        return f"info of type {type(result.info).__name__}, not a mapping"
+    return None
+
+
 def completeness_problems(steps: list[dict[str, Any]], *, done: bool, truncated: bool, max_steps: int) -> list[str]:
     """What is wrong with a stored episode (empty when nothing): every step has an action, an
     observation and a finite reward; the episode ended by ``done`` or by its limit, never cut short in
     between; and it never holds more steps than its limit. Run on every episode before training."""
-    import math
-
     problems = []
     for k, s in enumerate(steps):
         missing = [f for f in ("action", "observation") if not isinstance(s.get(f), str)]
