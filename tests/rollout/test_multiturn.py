@@ -4,7 +4,7 @@ import pytest
 
 from rlpipe.envs import EnvLimits, EnvSpec, completeness_problems
 from rlpipe.rollout.base import SamplingConfig
-from rlpipe.rollout.multiturn import observation_text, run_episodes
+from rlpipe.rollout.multiturn import TurnFormat, run_episodes
 from rlpipe.training.tiny import build_char_tokenizer
 
 
@@ -18,17 +18,20 @@ def engine(tiny_checkpoint):
 def test_observation_text_closes_the_turn_as_the_template_does():
     tok = build_char_tokenizer()
     opening = "<|im_start|>tool\n=5<|im_end|>\n<|im_start|>assistant\n"
-    assert observation_text(tok, "=5", "<|im_end|>", chat=True) == "\n" + opening  # the policy wrote <|im_end|>
-    assert observation_text(tok, "=5", None, chat=True) == "<|im_end|>\n" + opening  # cut at the token limit
-    assert observation_text(tok, "=5", "<|endoftext|>", chat=True) == "<|im_end|>\n" + opening
-    assert observation_text(tok, "=5", None, chat=False) == "=5\n"
+    chat = TurnFormat.of(tok, chat=True)
+    assert chat.observation_text("=5", "<|im_end|>") == "\n" + opening  # the policy wrote <|im_end|>
+    assert chat.observation_text("=5", None) == "<|im_end|>\n" + opening  # cut at the token limit
+    assert chat.observation_text("=5", "<|endoftext|>") == "<|im_end|>\n" + opening
+    assert TurnFormat.of(tok, chat=False).observation_text("=5", None) == "=5\n"
+    assert chat.end_of_turn_id(tok) == tok.convert_tokens_to_ids("<|im_end|>")
+    assert TurnFormat.of(tok, chat=False).end_of_turn_id(tok) == tok.eos_token_id
 
 
 def test_a_template_that_rewrites_history_is_refused():
     tok = build_char_tokenizer()
     tok.chat_template = "{{ messages | length }}"
     with pytest.raises(ValueError, match="messages in order"):
-        observation_text(tok, "=5", None, chat=True)
+        TurnFormat.of(tok, chat=True)
 
 
 def _runs(ids, mask):

@@ -9,7 +9,7 @@ the ids the engine sampled (re-tokenizing a decoded history can merge or split t
 boundaries, and the sampled log-probs would then belong to other tokens).
 
 Turns use the model's chat template (``chat=True``): an observation becomes a ``tool`` message and
-the next assistant turn's opening, as the template renders them (:func:`observation_text`). Plain
+the next assistant turn's opening, as the template renders them (:class:`TurnFormat`). Plain
 prompts (``chat=False``) get the observation and a newline.
 
 An episode whose context would outgrow ``max_context`` is cut and flagged truncated (``Episode.cut``).
@@ -53,23 +53,45 @@ class EpisodeRollout:
         self.loss_mask += [1 if logprobs is not None else 0] * len(ids)
 
 
-def observation_text(tokenizer: Any, observation: str, stop_text: str | None, chat: bool, role: str = "tool") -> str:
-    """The text that follows an action the policy ended with ``stop_text`` (its end token, or None when
-    it was cut at the token limit): the rest of the assistant turn as the template closes it, the
-    observation as a ``role`` message, and the opening of the next assistant turn."""
-    if not chat:
-        return observation + "\n"
-    action = [{"role": "assistant", "content": _MARK}]
-    alone = tokenizer.apply_chat_template(action, tokenize=False)
-    both = tokenizer.apply_chat_template(action + [{"role": role, "content": observation}], tokenize=False,
-                                         add_generation_prompt=True)
-    if not both.startswith(alone) or _MARK not in alone:
-        raise ValueError("the tokenizer's chat template does not render a conversation as its messages in order; "
-                         "multi-turn rollout needs one that does (ChatML and most others do)")
-    close = alone[alone.index(_MARK) + len(_MARK):]  # how the template ends an assistant turn
-    if stop_text and close.startswith(stop_text):
-        close = close[len(stop_text):]  # the policy already wrote the end token itself
-    return close + both[len(alone):]
+_OBS = "\u2063OBSERVATION\u2063"  # an observation placeholder, likewise
+
+
+@dataclass(frozen=True)
+class TurnFormat:
+    """How the chat template frames a turn, read once from the template (rendering it per observation
+    would redo the same work every step): ``close`` ends an assistant message after its content, and an
+    observation sits between ``before`` and ``after`` (which ends with the next assistant opening)."""
+
+    chat: bool
+    close: str = ""
+    before: str = ""
+    after: str = "\n"
+
+    @classmethod
+    def of(cls, tokenizer: Any, chat: bool, role: str = "tool") -> "TurnFormat":
+        if not chat:
+            return cls(chat=False)
+        action = [{"role": "assistant", "content": _MARK}]
+        alone = tokenizer.apply_chat_template(action, tokenize=False)
+        both = tokenizer.apply_chat_template(action + [{"role": role, "content": _OBS}], tokenize=False,
+                                             add_generation_prompt=True)
+        if not both.startswith(alone) or alone.count(_MARK) != 1 or both.count(_OBS) != 1:
+            raise ValueError("the tokenizer's chat template does not render a conversation as its messages in order; "
+                             "multi-turn rollout needs one that does (ChatML and most others do)")
+        before, after = both[len(alone):].split(_OBS)
+        return cls(chat=True, close=alone[alone.index(_MARK) + len(_MARK):], before=before, after=after)
+
+    def observation_text(self, observation: str, stop_text: str | None) -> str:
+        """The text after an action the policy ended with ``stop_text`` (its end token; None when cut at the
+        token limit): the rest of the assistant turn, the observation message, the next assistant opening."""
+        close = self.close[len(stop_text):] if stop_text and self.close.startswith(stop_text) else self.close
+        return close + self.before + observation + self.after
+
+    def end_of_turn_id(self, tokenizer: Any) -> int:
+        """The token the policy ends an action with: the template's end-of-message token (ChatML's
+        ``<|im_end|>``) when it is a special token, else the end-of-sequence token."""
+        close = tokenizer(self.close, add_special_tokens=False)["input_ids"] if self.chat else []
+        return close[0] if close and close[0] in tokenizer.all_special_ids else tokenizer.eos_token_id
 
 
 def _prompt_ids(tokenizer: Any, first_observation: str, chat: bool, system: str | None) -> list[int]:
@@ -88,6 +110,7 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, spec: EnvSpec, tasks: li
     environment failed to start come back with status ``error`` and no tokens."""
     if sampling.n != 1:
         raise ValueError("run_episodes samples one action per episode and turn; repeat a task for a group")
+    turns = TurnFormat.of(tokenizer, chat)
     rollouts = [_start(spec, task, seed, tokenizer, chat, system, max_context - sampling.max_new_tokens)
                 for task, seed in tasks]
     live = [r for r in rollouts if r.episode.status == "running"]
@@ -100,7 +123,7 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, spec: EnvSpec, tasks: li
             if obs is None:
                 continue
             stop = tokenizer.decode(comp.token_ids[-1:]) if comp.finish_reason == "stop" else None
-            ids = tokenizer(observation_text(tokenizer, obs, stop, chat), add_special_tokens=False)["input_ids"]
+            ids = tokenizer(turns.observation_text(obs, stop), add_special_tokens=False)["input_ids"]
             used = len(r.prompt_ids) + len(r.response_ids) + len(ids)
             if used + sampling.max_new_tokens > max_context:  # the next turn would not fit: end on the action
                 r.episode.cut(f"context of {used} tokens with the observation leaves no room for "
@@ -122,16 +145,6 @@ def _start(spec: EnvSpec, task: dict[str, Any], seed: int, tokenizer: Any, chat:
     return EpisodeRollout(prompt, ep)
 
 
-def end_of_turn_id(tokenizer: Any, chat: bool) -> int:
-    """The token the policy ends an action with: the chat template's end-of-message token (ChatML's
-    ``<|im_end|>``) when it is a special token, else the end-of-sequence token."""
-    if chat:
-        alone = tokenizer.apply_chat_template([{"role": "assistant", "content": _MARK}], tokenize=False)
-        close = tokenizer(alone[alone.index(_MARK) + len(_MARK):], add_special_tokens=False)["input_ids"]
-        if close and close[0] in tokenizer.all_special_ids:
-            return close[0]
-    return tokenizer.eos_token_id
-
 
 def encode_episode(tokenizer: Any, episode: Episode, *, chat: bool = True, system: str | None = None,
                    stopped: list[bool] | None = None) -> EpisodeRollout:
@@ -142,7 +155,8 @@ def encode_episode(tokenizer: Any, episode: Episode, *, chat: bool = True, syste
     at the token limit was sampled (default: every action ended). Log-probs are 0: nothing was sampled."""
     if episode.first_observation is None or episode.status == "running":
         raise ValueError(f"only a finished episode can be encoded (status {episode.status}: {episode.reason})")
-    stop = end_of_turn_id(tokenizer, chat)
+    turns = TurnFormat.of(tokenizer, chat)
+    stop = turns.end_of_turn_id(tokenizer)
     stopped = stopped if stopped is not None else [True] * len(episode.steps)
     out = EpisodeRollout(_prompt_ids(tokenizer, episode.first_observation, chat, system), episode)
     for k, step in enumerate(episode.steps):
@@ -150,6 +164,6 @@ def encode_episode(tokenizer: Any, episode: Episode, *, chat: bool = True, syste
         out.append(action, [0.0] * len(action))
         out.stopped.append(stopped[k])
         if k < len(episode.steps) - 1:
-            text = observation_text(tokenizer, step.observation, tokenizer.decode([stop]) if stopped[k] else None, chat)
+            text = turns.observation_text(step.observation, tokenizer.decode([stop]) if stopped[k] else None)
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"], None)
     return out
