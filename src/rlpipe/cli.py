@@ -428,6 +428,32 @@ def serve_verifier(
           request_timeout_s=request_timeout, plugins=tuple(plugin or ()))
 
 
+@serve_app.command("env")
+def serve_env(
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8767,
+    workers: Annotated[int, typer.Option(help="Sandboxes running at once (bounded concurrency).")] = 2,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait; more are refused with 429.")] = 64,
+    step_timeout: Annotated[float, typer.Option(help="Seconds one environment step may take; past it the episode is an error.")] = 10.0,
+    cpu: Annotated[float, typer.Option(help="CPU seconds per sandboxed call.")] = 10.0,
+    memory_mb: Annotated[int, typer.Option(help="Memory per sandboxed call (MB).")] = 512,
+    plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra environments (repeatable).")] = None,
+) -> None:
+    """HTTP environment service: /health, /reset, /step, /metrics; every call in its own sandbox.
+    Point runs at it with agent.service_url (or RLPIPE_ENV_URL)."""
+    import importlib
+
+    from rlpipe.envs.sandboxed import SandboxOptions
+    from rlpipe.services.env import serve
+
+    for mod in plugin or ():
+        importlib.import_module(mod)
+    opts = SandboxOptions(step_timeout_s=step_timeout, cpu_s=cpu, memory_mb=memory_mb, plugins=tuple(plugin or ()))
+    typer.echo(f"environment service on http://{host}:{port} ({workers} sandboxes, queue {max_queue}, "
+               f"step timeout {step_timeout:g} s)", err=True)
+    serve(opts, host=host, port=port, workers=workers, max_queue=max_queue)
+
+
 def main() -> None:
     # Per-shard progress bars of save_pretrained are noise in flow logs.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -528,6 +528,17 @@ def _check_files(files: dict[str, str] | None) -> dict[str, str]:
     return files
 
 
+def _check_ro_binds(ro_binds: list[tuple[str, str]] | None) -> None:
+    for host, dest in ro_binds or ():
+        for p in (host, dest):
+            if not isinstance(p, str) or not p.startswith("/") or "\0" in p or ".." in p.split("/"):
+                raise ValueError(f"ro_binds paths must be absolute, without '..' or NUL: {p!r}")
+        if not os.path.exists(host):
+            raise ValueError(f"ro_binds: {host} does not exist")
+        if dest == "/" or dest.startswith((_WORK, "/tmp", "/dev", "/proc")):
+            raise ValueError(f"ro_binds: {dest} would cover the sandbox's own mounts")
+
+
 def _enc(s: str) -> bytes:
     return s.encode("utf-8", "surrogatepass")
 
@@ -568,7 +579,7 @@ def _python_cmd(python: str, argv: list[str]) -> list[str]:
 
 def _bwrap_args(plan: _Plan, uid: int | None, limits: SandboxLimits, file_fds: list[tuple[int, str]],
                 data_fds: dict[str, int], seccomp_fd: int | None, argv: list[str],
-                binds: list[tuple[str, str]]) -> list[str]:
+                binds: list[tuple[str, str]], ro_binds: list[tuple[str, str]] = ()) -> list[str]:
     a = [plan.bwrap, "--unshare-all", "--unshare-user"]
     if "--disable-userns" in plan.bwrap_opts:
         a.append("--disable-userns")
@@ -605,6 +616,8 @@ def _bwrap_args(plan: _Plan, uid: int | None, limits: SandboxLimits, file_fds: l
         a += ["--perms", "0644", "--file", str(fd), dest]
     for host, dest in binds:
         a += ["--bind", host, dest]
+    for host, dest in ro_binds:
+        a += ["--ro-bind", host, dest]
     # Nothing outside /work, /tmp and /dev/shm stays writable (bubblewrap's root and /dev are
     # tmpfs otherwise writable by the sandbox uid).
     a += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _WORK]
@@ -618,7 +631,8 @@ _SIGNAL_NAMES = {s.value: s.name for s in signal.Signals}
 
 
 def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str] | None,
-             argv: list[str] | None, plan: _Plan, binds: list[tuple[str, str]] | None = None) -> SandboxResult:
+             argv: list[str] | None, plan: _Plan, binds: list[tuple[str, str]] | None = None,
+             ro_binds: list[tuple[str, str]] | None = None) -> SandboxResult:
     files = _check_files(files)
     argv = [str(x) for x in (argv or [])]
     if any("\0" in x for x in argv):
@@ -689,7 +703,7 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, files: dict[str, str]
             if plan.bpf is not None:
                 seccomp_fd = _memfd("seccomp", plan.bpf)
                 fds.append(seccomp_fd)
-            cmd = _bwrap_args(plan, uid, limits, file_fds, data_fds, seccomp_fd, argv, binds or [])
+            cmd = _bwrap_args(plan, uid, limits, file_fds, data_fds, seccomp_fd, argv, binds or [], ro_binds or [])
             pass_fds += [fd for fd, _ in file_fds] + list(data_fds.values())
             if seccomp_fd is not None:
                 pass_fds.append(seccomp_fd)
@@ -914,11 +928,15 @@ def _classify(plan: _Plan, limits: SandboxLimits, out: bytes, err: bytes, st: di
 
 
 def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None,
-               files: dict[str, str] | None = None, argv: list[str] | None = None) -> SandboxResult:
+               files: dict[str, str] | None = None, argv: list[str] | None = None,
+               ro_binds: list[tuple[str, str]] | None = None) -> SandboxResult:
     """Run ``code`` as ``main.py`` in a fresh private work dir under the strongest isolation available.
 
     ``files`` are written next to main.py first (relative paths; importable), ``argv`` follows
-    ``main.py`` on the command line, ``stdin`` is the program's standard input. Never raises
+    ``main.py`` on the command line, ``stdin`` is the program's standard input. ``ro_binds``
+    ``(host_path, sandbox_path)`` show trusted host files or folders read-only inside bubblewrap (e.g. a
+    library the code imports); without bubblewrap there is no private mount view and they are not made,
+    so the code sees the host paths (as far as the worker uid may read them). Never raises
     because of what the code does; raises :class:`SandboxUnavailableError` only when
     ``RLPIPE_SANDBOX_STRICT=1`` and the full isolation level cannot be set up (without strict
     mode a setup failure is an ``error`` result whose stderr says so).
@@ -927,12 +945,13 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None,
     if not isinstance(code, str) or not isinstance(stdin, str):
         raise TypeError("code and stdin must be str")
     _check_files(files)
+    _check_ro_binds(ro_binds)
     plan = _plan_for_run()
     if plan is None:
         return SandboxResult("error", None, "", "rlpipe.sandbox: no sandbox available on this machine "
                              "(see rlpipe.sandbox.isolation_report())", 0.0, 0.0, "none")
     try:
-        result = _execute(code, stdin, limits, files, argv, plan)
+        result = _execute(code, stdin, limits, files, argv, plan, ro_binds=ro_binds)
     except (ValueError, TypeError):
         raise
     except Exception as e:
