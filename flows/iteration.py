@@ -105,12 +105,13 @@ def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, An
            "invalid_share": 1.0 - v["status_ok"]}  # what the circuit breaker counts
     )
     metrics |= {k: v[k] for k in ("rm_score_mean", "true_reward_mean") if k in v}
+    metrics |= {k: x for src in (r, v) for k, x in src.items() if k.startswith("episode/")}  # agent runs
     if ev:
         metrics["heldout_accuracy"] = ev["accuracy"]
         if val["accuracy"] is not None:
             metrics["validation_accuracy"] = val["accuracy"]
         for key, src in (("heldout", ev), ("validation", val)):
-            for what in ("true_score", "rm_score"):
+            for what in ("true_score", "rm_score", "mean_steps", "tool_calls_per_episode"):
                 if src.get(what) is not None:
                     metrics[f"{key}_{what}"] = src[what]
     return metrics
@@ -146,6 +147,8 @@ def _record(config: RunConfig, run_id: str, iteration: int, draws: list, metrics
         "final_accuracy": ev["accuracy"] if ev else progress.get("final_accuracy"),
         "final_true_score": ev["true_score"] if ev else progress.get("final_true_score"),
         "final_rm_score": ev["rm_score"] if ev else progress.get("final_rm_score"),
+        "final_mean_steps": ev.get("mean_steps") if ev else progress.get("final_mean_steps"),
+        "final_tool_calls_per_episode": ev.get("tool_calls_per_episode") if ev else progress.get("final_tool_calls_per_episode"),
         "final_validation_accuracy": val["accuracy"] if val else progress.get("final_validation_accuracy"),
     }
     if save_point:

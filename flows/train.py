@@ -102,7 +102,9 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
                                    "dataset_version": dataset["version"], "config_fingerprint": config.fingerprint(),
                                    "resume_fingerprint": resume_fingerprint(config), "config": config.flat(),
                                    "reward_model_version": services.get("reward_model_version"),
-                                   "base_true_score": base["true_score"], "base_rm_score": base["rm_score"]}
+                                   "base_true_score": base["true_score"], "base_rm_score": base["rm_score"],
+                                   "base_mean_steps": base.get("mean_steps"),
+                                   "base_tool_calls_per_episode": base.get("tool_calls_per_episode")}
             write_progress(run_id, progress)
             log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"], "validation_accuracy": val["accuracy"]}, -1)
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
@@ -203,6 +205,7 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "reward_hacking_alerts": int(sum(h.get("alerts/reward_hacking", 0.0) for h in history)),
         "registered_model": {"name": config.registered_model, "version": progress.get("last_registered")},
         "final_policy_version": progress.get("weights_sha256"),
+        **(_agent_summary(config, progress, history) if config.agent is not None else {}),
         "engine": services.get("engine"),
         "sandbox_level": services.get("sandbox_level"),
         "stage_seconds": breakdown,
@@ -214,3 +217,19 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "wall_s": round(wall_s, 2),
     }
 
+
+
+def _agent_summary(config: RunConfig, progress: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Agent runs: greedy episode success on the held-out tasks before and after, with steps and tool calls."""
+    last = history[-1] if history else {}
+    return {
+        "env": config.agent.spec().env,
+        "episode_success_base": progress.get("base_accuracy"),
+        "episode_success_final": progress.get("final_accuracy"),
+        "mean_steps": progress.get("final_mean_steps"),
+        "mean_steps_base": progress.get("base_mean_steps"),
+        "tool_calls_per_episode": progress.get("final_tool_calls_per_episode"),
+        "tool_calls_per_episode_base": progress.get("base_tool_calls_per_episode"),
+        "episodes_error_total": int(sum(h.get("episode/error_share", 0.0) * h.get("episode/count", 0.0) for h in history)),
+        "episodes_truncated_share_last": last.get("episode/truncated_share"),
+    }

@@ -26,6 +26,15 @@ def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     s = settings()
     for module in config.reward.plugins:  # extra verifiers: the prompt rows may name them
         importlib.import_module(module)
+    if config.agent is not None:
+        from rlpipe.data.episodes import build_episode_tasks, episode_task_findings
+
+        spec = config.agent.spec()
+        table, name = build_episode_tasks(spec, config.data), f"episodes-{spec.env}"
+        problems = episode_task_findings(table, spec)
+        if problems:
+            raise DatasetInvalid(f"{name}: {len(problems)} task(s) the environment refuses:\n  " + "\n  ".join(problems[:20]))
+        return _store_dataset(config, table, name)
     if config.task.dataset in BUILTIN:
         table, name = BUILTIN[config.task.dataset](config.data), config.task.dataset.split(":", 1)[1]
     else:
@@ -36,6 +45,11 @@ def prepare_dataset(config: RunConfig) -> dict[str, Any]:
         shown = "\n".join(f"  {f}" for f in findings[:20])
         more = f"\n  … and {len(findings) - 20} more (run `rlpipe data validate {config.task.dataset}`)" if len(findings) > 20 else ""
         raise DatasetInvalid(f"{config.task.dataset}: {len(findings)} invalid row(s); nothing was dropped:\n{shown}{more}")
+    return _store_dataset(config, table, name)
+
+
+def _store_dataset(config: RunConfig, table: Any, name: str) -> dict[str, Any]:
+    s = settings()
     version = dataset_version(table)
     store = open_store(s.resolve_storage_uri(config), s)
     prefix = dataset_prefix(name, version)

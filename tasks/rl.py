@@ -101,6 +101,8 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     start = time.perf_counter()
     policy_dir = resume_dir or model_dir
     max_len = max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
+    if config.agent is not None:  # an episode's whole context
+        max_len = config.agent.max_context
     engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
     engine_s = time.perf_counter() - start
     trainer = PolicyTrainer(
@@ -252,7 +254,13 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> di
         n=config.rollout.samples_per_prompt, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
         max_new_tokens=config.rollout.max_new_tokens, seed=config.seed * 1_000_003 + iteration * 10_007 + draw * 101,
     )
-    table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
+    if config.agent is not None:
+        from rlpipe.rollout.agent import agent_rollout
+
+        table, stats = agent_rollout(svc.engine, svc.tokenizer, config.agent, prompts, sampling, run_id, iteration,
+                                     settings().env_url)
+    else:
+        table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
     meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256(),
                     "fingerprint": resume_fingerprint(config)}
     start = time.perf_counter()
@@ -289,7 +297,13 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
     healthy = svc.pool.healthy()  # every iteration, not only at start
     if not healthy:
         run_logger().warning("ALERT iteration %d: verifier pool/service not healthy; unscorable samples are counted", iteration)
-    scored, stats = _score(config, svc, table, reward_norm)
+    if config.agent is not None:  # the environment gave the rewards; check every episode before training
+        from rlpipe.rollout.agent import check_episodes
+
+        scored, stats = check_episodes(table, config.agent.spec().limits.max_steps)
+        stats |= {"verify_s": time.perf_counter() - start - read_s, "verify_per_s": 0.0}
+    else:
+        scored, stats = _score(config, svc, table, reward_norm)
     rows = scored.to_pylist()
     stats |= check_rows_isolation(rows, config.reward.required_sandbox_components())
     stats |= {"verifier/healthy": float(healthy), "verifier/restarts": float(getattr(svc.pool, "restarts", 0))}
@@ -378,8 +392,8 @@ def start_probe(svc: RunServices, config: RunConfig) -> float:
     """Build the run's probe batch and check, on the engine, that it holds the trainer's policy."""
     from rlpipe.rollout.probe import build_probe, default_tolerance
 
-    svc.info["probe"] = build_probe(svc.tokenizer, svc.train_rows,
-                                    lambda r: render_prompt(svc.tokenizer, r["prompt"], r["chat"]), seed=config.seed)
+    render = (lambda r: r["prompt"]) if config.agent is not None else (lambda r: render_prompt(svc.tokenizer, r["prompt"], r["chat"]))
+    svc.info["probe"] = build_probe(svc.tokenizer, svc.train_rows, render, seed=config.seed)
     svc.info["probe_tol"] = config.rollout.sync_tolerance or default_tolerance(svc.engine.dtype)
     return prove_sync(svc, "at start")["probe_max_abs_diff"]
 
@@ -432,6 +446,11 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
     if not rows:
         return {"accuracy": None, "true_score": None, "rm_score": None, "n": 0, "eval_s": 0.0,
                 "policy_version": svc.engine.weights_sha256()}
+    if config.agent is not None:
+        from rlpipe.rollout.agent import agent_evaluate
+
+        out = agent_evaluate(svc.engine, svc.tokenizer, config.agent, rows, config.rollout.max_new_tokens, settings().env_url)
+        return out | {"eval_s": time.perf_counter() - start, "policy_version": svc.engine.weights_sha256()}
     prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
                for r in rows]
     outs = svc.engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens))

@@ -56,6 +56,10 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
         elif step % 50 == 0:
             logger.info("sft step %d/%d: loss %.3f", step, config.sft.steps, metrics["loss_ema"])
 
+    if config.agent is not None:
+        result, before, after, val_after = _agent_sft(config, model, tok, train, test, validation, probe, log)
+        logger.info("model %s (%d parameters): episode success before SFT %.3f", source, params, before["accuracy"])
+        return _finish(config, store, run_id, dataset, model, tok, result, before, after, val_after, params, tracker, mlflow_run_id)
     ver = config.sft.eval_verifier
     before = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     logger.info("model %s (%d parameters): held-out accuracy before SFT %.3f", source, params, before["accuracy"])
@@ -63,6 +67,43 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
                        eval_fn=(lambda m: evaluate_accuracy(m, tok, probe, max_new, verifier=ver)) if probe else None)
     after = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     val_after = evaluate_accuracy(model, tok, validation, max_new, verifier=ver)["accuracy"] if validation else None
+    return _finish(config, store, run_id, dataset, model, tok, result, before, after, val_after, params, tracker, mlflow_run_id)
+
+
+def _agent_sft(config: RunConfig, model: Any, tok: Any, train: list, test: list, validation: list, probe: list, log: Any):
+    """SFT on expert demonstrations of ``agent.sft_traces`` training tasks (loss on the policy's tokens only),
+    evaluated by greedy episodes: ``accuracy`` is the episode success share."""
+    from rlpipe.data.episodes import episode_task
+    from rlpipe.envs.experts import demonstrate
+    from rlpipe.rollout.agent import agent_evaluate
+    from rlpipe.rollout.hf_engine import HFEngine
+    from rlpipe.rollout.multiturn import encode_episode
+    from rlpipe.training.sft import episode_example, train_sft_examples
+
+    agent, spec, max_new = config.agent, config.agent.spec(), config.rollout.max_new_tokens
+    examples = []
+    for k in range(agent.sft_traces):
+        task, seed = episode_task(train[k % len(train)])
+        r = encode_episode(tok, demonstrate(spec, task, seed), chat=agent.chat, system=agent.system)
+        examples.append(episode_example(r.prompt_ids, r.response_ids, r.loss_mask))
+
+    def episodes(m: Any, rows: list) -> dict[str, Any]:
+        return agent_evaluate(HFEngine.from_model(m, tok), tok, agent, rows, max_new)
+
+    before = episodes(model, test)
+    result = train_sft_examples(model, tok, examples, config.sft, config.seed, log=log,
+                                eval_fn=(lambda m: episodes(m, probe)) if probe else None)
+    model.eval()
+    after = episodes(model, test)
+    val_after = episodes(model, validation)["accuracy"] if validation else None
+    return result, before, after, val_after
+
+
+def _finish(config: RunConfig, store: Any, run_id: str, dataset: dict[str, Any], model: Any, tok: Any, result: Any,
+            before: dict[str, Any], after: dict[str, Any], val_after: float | None, params: int, tracker: Any,
+            mlflow_run_id: str | None) -> dict[str, Any]:
+    """Upload the checkpoint, log, and the task's result."""
+    logger = run_logger()
     with tempfile.TemporaryDirectory() as tmp:
         digest = save_checkpoint(
             tmp, model, tok,
@@ -85,5 +126,7 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
         "validation_accuracy_after": val_after,
         "heldout_n": after["n"],
         "stopped_early": result.stopped_early,
+        "mean_steps_after": after.get("mean_steps"),
+        "tool_calls_per_episode_after": after.get("tool_calls_per_episode"),
     }
 

@@ -246,26 +246,45 @@ RLHF_DEMO = [
 ]
 
 
+# The agent demo's recipe (configs/sft-agent-calculator.yaml and configs/grpo-agent-calculator.yaml spell
+# out the same): SFT on a small set of calculator traces, stopped early so the tool use is shaky, then
+# GRPO on whole episodes in the calculator environment.
+AGENT_DEMO = [
+    "task.name=agent-calculator", "task.dataset=builtin:episodes",
+    "agent.env={env: calculator, params: {digits: 4, ops: ['+', '*']}, limits: {max_steps: 4, episode_timeout_s: 60}}",
+    "agent.max_context=160", "agent.sft_traces=2000",
+    "data.test_size=200", "data.validation_size=100", "data.train_size=4000",
+    "sft.steps=400", "sft.eval_every=20", "sft.eval_size=100", "sft.stop_at_accuracy=0.4",
+    "rollout.max_new_tokens=24", "rollout.batch_size=16", "rollout.samples_per_prompt=8",
+    "train.total_iterations=30", "train.eval_interval=10", "train.save_interval=10", "train.lr=1e-4",
+    "train.batch_size=64", "train.micro_batch_size=64",
+]
+
+
 @app.command("demo")
 def demo(
-    which: Annotated[str, typer.Argument(help="rlvr: SFT → GRPO with a verifier (default); rlhf: SFT → reward model → GRPO against it.")] = "rlvr",
+    which: Annotated[str, typer.Argument(help="rlvr: SFT → GRPO with a verifier (default); rlhf: SFT → reward model → GRPO "
+                                             "against it; agent: SFT on tool-use traces → GRPO on episodes in the calculator environment.")] = "rlvr",
     set_: SetOpt = None, sft_only: Annotated[bool, typer.Option(help="Stop after the base model.")] = False,
 ) -> None:
     """Data → SFT base model (once) → RL; prints accuracy before/after, a reward curve and where to look.
     `rlpipe demo rlhf` adds a reward model between SFT and RL and reports true vs reward-model score."""
-    if which not in ("rlvr", "rlhf"):
-        typer.echo(f"rlpipe demo: unknown demo {which!r}; use rlvr or rlhf", err=True)
+    if which not in ("rlvr", "rlhf", "agent"):
+        typer.echo(f"rlpipe demo: unknown demo {which!r}; use rlvr, rlhf or agent", err=True)
         raise typer.Exit(2)
     import time
 
     start = time.time()
-    cfg = _load(None, (RLHF_DEMO if which == "rlhf" else []) + (set_ or []))
+    cfg = _load(None, {"rlhf": RLHF_DEMO, "agent": AGENT_DEMO}.get(which, []) + (set_ or []))
     s = settings()
     _demo_base(cfg, s)
     if sft_only:
         return
     if which == "rlhf":
         _demo_rlhf(cfg, s, start)
+        return
+    if which == "agent":
+        _demo_agent(cfg, s, start)
         return
     rl_cfg = cfg.model_copy(deep=True)
     rl_cfg.task.policy_model = f"models:/{cfg.registered_model}@base"
@@ -320,6 +339,32 @@ def _demo_rlhf(cfg: RunConfig, s, start: float) -> None:
                f"{summary['heldout_true_score_final']:.3f}   ({summary['heldout_true_score_final'] - summary['heldout_true_score_base']:+.3f})")
     typer.echo(f"  reward-model score   base {summary['heldout_rm_score_base']:.3f}  →  final {summary['heldout_rm_score_final']:.3f}")
     typer.echo(f"  reward hacking       {summary['reward_hacking_alerts']} alert(s); curve {summary['rm_vs_true_png']}")
+    typer.echo(f"  demo wall time       {summary['wall_s'] // 60:.0f} min {summary['wall_s'] % 60:.0f} s")
+    _demo_links(s)
+    typer.echo(str(path))
+
+
+def _demo_agent(cfg: RunConfig, s, start: float) -> None:
+    """GRPO on episodes from the SFT base; the summary's episode keys come from the RL run's, ``wall_s`` from
+    the demo's own start (the SFT base included when one was trained)."""
+    import time
+
+    from rlpipe.runs import new_run_id, write_summary
+
+    rl_cfg = cfg.model_copy(deep=True)
+    rl_cfg.task.policy_model = f"models:/{cfg.registered_model}@base"
+    rl = _run_rl(rl_cfg, None)
+    _print_rl(rl)
+    keys = ("episode_success_base", "episode_success_final", "mean_steps", "tool_calls_per_episode", "mean_steps_base",
+            "tool_calls_per_episode_base", "episodes_error_total")
+    summary = {"kind": "agent-demo", "env": rl["env"], **{k: rl[k] for k in keys}, "heldout_n": rl["heldout_n"],
+               "rl_summary": rl["_path"], "reward_curve_png": rl["reward_curve_png"], "wall_s": round(time.time() - start, 1)}
+    path = write_summary(s, new_run_id("agent-demo"), summary)
+    b, f = summary["episode_success_base"], summary["episode_success_final"]
+    typer.echo(f"  episode success      base {b:.1%}  →  final {f:.1%}   ({(f - b) * 100:+.1f} points, n={summary['heldout_n']}, greedy)")
+    typer.echo(f"  steps per episode    base {summary['mean_steps_base']:.2f}  →  final {summary['mean_steps']:.2f}")
+    typer.echo(f"  tool calls/episode   base {summary['tool_calls_per_episode_base']:.2f}  →  final {summary['tool_calls_per_episode']:.2f}")
+    typer.echo(f"  environment errors   {summary['episodes_error_total']} episode(s), excluded from the updates")
     typer.echo(f"  demo wall time       {summary['wall_s'] // 60:.0f} min {summary['wall_s'] % 60:.0f} s")
     _demo_links(s)
     typer.echo(str(path))

@@ -134,7 +134,6 @@ _NOT_IMPLEMENTED = {
     "RLPIPE_VERIFIER_URL=<url>",
     "reward.timeout_s": "removed: each sample's hard deadline is its verifier's declared budget plus "
     "reward.grace_s; remove this key (or set reward.grace_s)",
-    "agent": "multi-step agentic RL (environments, episodes) is not implemented yet; remove the agent section",
 }
 
 
@@ -463,6 +462,57 @@ class TrackingConfig(_Strict):
         return _reject_network_endpoint(v, "RLPIPE_TRACKING_URI")
 
 
+class AgentConfig(_Strict):
+    """Multi-step agentic RL: the policy acts in an environment over several turns (see ``rlpipe.envs``)."""
+
+    env: Any = Field(description="The environment: a path to its spec YAML (configs/envs/*.yaml) or the spec inline "
+                     "({env, params, limits, tools}).")
+    max_steps: int | None = Field(None, ge=1, le=1000, description="Override of the spec's limits.max_steps.")
+    episode_timeout_s: float | None = Field(None, gt=0, description="Override of the spec's limits.episode_timeout_s.")
+    executor: Literal["local", "sandbox"] = Field(
+        "local", description="Where environment steps run: local (in-process pool), or sandbox (each call in its own "
+        "sandbox on this machine). The environment service is not read from here: set RLPIPE_ENV_URL.")
+    step_timeout_s: float = Field(10.0, gt=0, description="sandbox/service: seconds one step may take; past it the episode is an error.")
+    step_workers: int = Field(8, ge=1, le=256, description="sandbox/service: environment steps run at once within a turn.")
+    max_context: int = Field(256, ge=16, description="Tokens of an episode's whole context (prompt, actions, observations); "
+                             "an episode that would outgrow it is cut and flagged truncated.")
+    chat: bool = Field(True, description="Turns through the model's chat template (observations as tool messages).")
+    system: str | None = Field(None, description="A system message before the first observation.")
+    sft_traces: int = Field(2000, ge=1, description="SFT warm-up: expert demonstrations drawn from the training tasks.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_env(cls, data: Any) -> Any:
+        from rlpipe.envs.base import EnvSpec
+
+        if isinstance(data, dict) and isinstance(data.get("env"), str):
+            path = Path(data["env"])
+            data = dict(data, env=read_yaml(path))
+            try:
+                EnvSpec.model_validate(data["env"])
+            except ValidationError as e:  # report the problem in the spec's own file
+                raise ValueError(f"@env@{path}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        return data
+
+    @model_validator(mode="after")
+    def _spec(self) -> "AgentConfig":
+        from rlpipe.envs.base import EnvSpec
+
+        if not isinstance(self.env, EnvSpec):
+            try:
+                self.env = EnvSpec.model_validate(self.env)
+            except ValidationError as e:
+                first = e.errors()[0]
+                raise ValueError(f"@env.{'.'.join(map(str, first['loc']))}@{first['msg'].removeprefix('Value error, ')}") from None
+        return self
+
+    def spec(self):
+        """The environment spec with this section's limit overrides applied."""
+        limits = self.env.limits.model_copy(update={k: v for k, v in (("max_steps", self.max_steps),
+                                                                      ("episode_timeout_s", self.episode_timeout_s)) if v is not None})
+        return self.env.model_copy(update={"limits": limits})
+
+
 class RunConfig(_Strict):
     """Everything that defines a run. Its fingerprint identifies the experiment."""
 
@@ -476,17 +526,19 @@ class RunConfig(_Strict):
     rm: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward-model training (RLHF).")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Object store for runs.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    agent: AgentConfig | None = Field(None, description="Multi-step agentic RL in an environment; null: single-turn.")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unimplemented(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "agent" in data:
-            raise ValueError(f"@agent@{_NOT_IMPLEMENTED['agent']}")
-        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if self.agent is not None:
+            if self.reward.type != "rule_based" or self.reward.weights:
+                raise ValueError("@reward.type@an agent run's reward is its environment's (the episode reward); "
+                                 "remove reward.type/reward.weights")
+            if self.task.dataset != "builtin:episodes":
+                raise ValueError("@task.dataset@an agent run draws its tasks from the environment: use builtin:episodes")
+            if self.rollout.dynamic_sampling:
+                raise ValueError("@rollout.dynamic_sampling@not supported with agent: yet; set it to false")
         if self.rollout.temperature == 0:
             raise ValueError("@rollout.temperature@0 (greedy) cannot train with RL: a greedy sample has no "
                              "log-probability under the policy the trainer differentiates; use a temperature > 0 "
@@ -665,6 +717,7 @@ class Settings(BaseModel):
     )
     s3_region: str | None = Field(None, description="RLPIPE_S3_REGION (else AWS_DEFAULT_REGION)")
     verifier_url: str | None = Field(None, description="RLPIPE_VERIFIER_URL: score through the verifier service")
+    env_url: str | None = Field(None, description="RLPIPE_ENV_URL: agent runs step their environments through this service")
     reward_model_url: str | None = Field(
         None, description="RLPIPE_REWARD_MODEL_URL: score with the reward-model service instead of in-process")
 
@@ -702,5 +755,6 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         s3_secret_access_key=env.get("RLPIPE_S3_SECRET_ACCESS_KEY") or env.get("AWS_SECRET_ACCESS_KEY") or None,
         s3_region=env.get("RLPIPE_S3_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         verifier_url=env.get("RLPIPE_VERIFIER_URL") or None,
+        env_url=env.get("RLPIPE_ENV_URL") or None,
         reward_model_url=env.get("RLPIPE_REWARD_MODEL_URL") or None,
     )

@@ -40,7 +40,8 @@ def test_a_finished_episode_sums_its_step_rewards_and_records_timing():
     assert ep.act("x") == "a"
     assert ep.act("y") is None
     assert (ep.status, ep.done, ep.truncated, ep.reward) == ("ok", True, False, 0.75)
-    assert ep.record() == [{"action": "x", "observation": "a", "reward": 0.25}, {"action": "y", "observation": "b", "reward": 0.5}]
+    assert ep.record() == [{"action": "x", "observation": "a", "reward": 0.25, "env_s": 0.0, "info": "{}"},
+                           {"action": "y", "observation": "b", "reward": 0.5, "env_s": 0.0, "info": "{}"}]
     assert all(s.env_s == 0.0 for s in ep.steps)
     with pytest.raises(RuntimeError, match="over"):
         ep.act("z")

@@ -88,6 +88,10 @@ class Calculator(ToolEnvironment):
         self.started = True
         return str(expr)
 
+    def draw(self, seed: int) -> dict[str, Any]:
+        """The task ``reset(task={}, seed)`` would run, written out."""
+        return {"expression": self._draw(seed)}
+
     def _draw(self, seed: int) -> str:
         rng = random.Random(seed)
         lo, hi = 10 ** (self.params.digits - 1), 10**self.params.digits - 1

@@ -18,6 +18,7 @@ deadline.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -101,7 +102,8 @@ class Episode:
 
     def record(self) -> list[dict[str, Any]]:
         """The steps as the trajectory table's ``steps`` column stores them."""
-        return [{"action": s.action, "observation": s.observation, "reward": s.reward} for s in self.steps]
+        return [{"action": s.action, "observation": s.observation, "reward": s.reward, "env_s": s.env_s,
+                 "info": json.dumps(s.info, sort_keys=True, default=str)} for s in self.steps]
 
     def cut(self, why: str) -> None:
         """End a running episode from outside (e.g. the rollout's context limit): kept, flagged truncated."""

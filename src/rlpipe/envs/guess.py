@@ -32,6 +32,10 @@ class GuessParams(_Strict):
 class Guess(ToolEnvironment):
     Params = GuessParams
 
+    def draw(self, seed: int) -> dict[str, Any]:
+        """The task ``reset(task={}, seed)`` would run, written out."""
+        return {"secret": random.Random(seed).randint(self.params.lo, self.params.hi)}
+
     def reset(self, task: dict[str, Any], seed: int) -> str:
         lo, hi = self.params.lo, self.params.hi
         secret = task.get("secret")

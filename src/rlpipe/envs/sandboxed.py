@@ -205,6 +205,12 @@ class ReplayEnv:
     def name(self) -> str:
         return self.spec.env
 
+    @property
+    def version(self) -> str:
+        from rlpipe.envs.base import env_class
+
+        return env_class(self.spec.env).version
+
     def reset(self, task: dict[str, Any], seed: int) -> str:
         self.task, self.seed, self.actions, self.seen = dict(task), int(seed), [], []
         obs = self._run([])["observation"]

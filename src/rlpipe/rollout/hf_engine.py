@@ -19,6 +19,14 @@ class HFEngine:
         self.batch_size = batch_size
         self._sha = file_weights_sha256(model_dir)
 
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: object, batch_size: int = 256) -> "HFEngine":
+        """An engine over a model in memory (e.g. evaluation during SFT); it shares the model's weights."""
+        self = cls.__new__(cls)
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self._sha = weights_sha256(model.state_dict())
+        return self
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         eos = set(self.model.generation_config.eos_token_id or [])

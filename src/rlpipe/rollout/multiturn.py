@@ -17,13 +17,19 @@ An episode whose context would outgrow ``max_context`` is cut and flagged trunca
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from rlpipe.envs.base import EnvSpec
+from rlpipe.envs.base import EnvSpec, Environment
 from rlpipe.envs.episode import Episode
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
 from rlpipe.storage.samples import Sample
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _MARK = "\u2063ACTION\u2063"  # an action placeholder no template changes
 
@@ -105,38 +111,54 @@ def _prompt_ids(tokenizer: Any, first_observation: str, chat: bool, system: str 
 
 def run_episodes(engine: RolloutEngine, tokenizer: Any, spec: EnvSpec, tasks: list[tuple[dict[str, Any], int]],
                  sampling: SamplingConfig, *, chat: bool = True, max_context: int = 512,
-                 system: str | None = None) -> list[EpisodeRollout]:
+                 system: str | None = None, make_env: Callable[[], Environment] | None = None,
+                 step_workers: int = 1) -> list[EpisodeRollout]:
     """Run one episode per ``(task, seed)``, all live episodes stepping together; episodes whose
-    environment failed to start come back with status ``error`` and no tokens."""
+    environment failed to start come back with status ``error`` and no tokens. ``make_env`` builds each
+    episode's environment (default ``spec.make``: in-process); ``step_workers`` > 1 runs a turn's
+    environment calls concurrently (for sandboxed or remote environments, whose calls wait on a process
+    or the network). Each turn samples with its own seed, derived from ``sampling.seed``."""
     if sampling.n != 1:
         raise ValueError("run_episodes samples one action per episode and turn; repeat a task for a group")
     turns = TurnFormat.of(tokenizer, chat)
-    rollouts = [_start(spec, task, seed, tokenizer, chat, system, max_context - sampling.max_new_tokens)
-                for task, seed in tasks]
-    live = [r for r in rollouts if r.episode.status == "running"]
-    while live:
-        outs = engine.generate([r.prompt_ids + r.response_ids for r in live], sampling)
-        for r, (comp,) in zip(live, outs):
-            r.append(list(comp.token_ids), list(comp.logprobs))
-            r.stopped.append(comp.finish_reason == "stop")
-            obs = r.episode.act(comp.text)
-            if obs is None:
-                continue
-            stop = tokenizer.decode(comp.token_ids[-1:]) if comp.finish_reason == "stop" else None
-            ids = tokenizer(turns.observation_text(obs, stop), add_special_tokens=False)["input_ids"]
-            used = len(r.prompt_ids) + len(r.response_ids) + len(ids)
-            if used + sampling.max_new_tokens > max_context:  # the next turn would not fit: end on the action
-                r.episode.cut(f"context of {used} tokens with the observation leaves no room for "
-                              f"{sampling.max_new_tokens} more within max_context={max_context}")
-            else:
-                r.append(ids, None)
-        live = [r for r in live if r.episode.status == "running"]
+    make_env = make_env or spec.make
+    with ThreadPoolExecutor(max_workers=step_workers) if step_workers > 1 else nullcontext() as pool:
+        each = pool.map if pool is not None else map
+        room = max_context - sampling.max_new_tokens
+        rollouts = list(each(lambda ts: _start(make_env(), spec, ts, tokenizer, chat, system, room), tasks))
+        live = [r for r in rollouts if r.episode.status == "running"]
+        turn = 0
+        while live:
+            turn_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 7919 * turn)
+            outs = engine.generate([r.prompt_ids + r.response_ids for r in live], turn_sampling)
+            for r, (comp,) in zip(live, outs):
+                r.append(list(comp.token_ids), list(comp.logprobs))
+                r.stopped.append(comp.finish_reason == "stop")
+            observations = list(each(lambda pair: pair[0].episode.act(pair[1][0].text), zip(live, outs)))
+            for r, (comp,), obs in zip(live, outs, observations):
+                if obs is not None:
+                    _observe(r, obs, comp, tokenizer, turns, sampling.max_new_tokens, max_context)
+            live = [r for r in live if r.episode.status == "running"]
+            turn += 1
     return rollouts
 
 
-def _start(spec: EnvSpec, task: dict[str, Any], seed: int, tokenizer: Any, chat: bool, system: str | None,
-           room: int) -> EpisodeRollout:
-    ep = Episode(spec.make(), task, seed, spec.limits)
+def _observe(r: EpisodeRollout, obs: str, comp: Any, tokenizer: Any, turns: TurnFormat, max_new: int, max_context: int) -> None:
+    """Append the observation's tokens, or cut the episode when the next turn would not fit the context."""
+    stop = tokenizer.decode(comp.token_ids[-1:]) if comp.finish_reason == "stop" else None
+    ids = tokenizer(turns.observation_text(obs, stop), add_special_tokens=False)["input_ids"]
+    used = len(r.prompt_ids) + len(r.response_ids) + len(ids)
+    if used + max_new > max_context:  # the next turn would not fit: end on the action
+        r.episode.cut(f"context of {used} tokens with the observation leaves no room for "
+                      f"{max_new} more within max_context={max_context}")
+    else:
+        r.append(ids, None)
+
+
+def _start(env: Environment, spec: EnvSpec, task_seed: tuple[dict[str, Any], int], tokenizer: Any, chat: bool,
+           system: str | None, room: int) -> EpisodeRollout:
+    task, seed = task_seed
+    ep = Episode(env, task, seed, spec.limits)
     first = ep.start()
     prompt = _prompt_ids(tokenizer, first, chat, system) if first is not None else []
     if len(prompt) > room:  # the task's own fault: its first observation does not fit the context
@@ -144,6 +166,29 @@ def _start(spec: EnvSpec, task: dict[str, Any], seed: int, tokenizer: Any, chat:
                 f"raise max_context or shorten the task")
     return EpisodeRollout(prompt, ep)
 
+
+def episode_table(rollouts: list[EpisodeRollout], prompts: list[dict[str, Any]], n: int, tokenizer: Any, run_id: str,
+                  iteration: int, policy_version: str, generate_s: float) -> "pa.Table":
+    """Trajectory rows of episodes: rollout ``i`` is sample ``i % n`` of prompt row ``i // n``. An episode
+    that ended ``ok`` carries its reward (status ok), one that ended in ``error`` none (status error,
+    the reason kept); its steps go to the ``steps`` column, its loss mask beside the tokens."""
+    import pyarrow as pa
+
+    from rlpipe.storage.schemas import TRAJECTORY_SCHEMA
+
+    rows, per = [], generate_s / max(len(rollouts), 1)
+    for i, r in enumerate(rollouts):
+        ep, p = r.episode, prompts[i // n]
+        rows.append({
+            "run_id": run_id, "iteration": iteration, "prompt_id": p["id"], "sample_index": i % n,
+            "policy_version": policy_version, "prompt_token_ids": r.prompt_ids, "response_token_ids": r.response_ids,
+            "response_text": tokenizer.decode(r.response_ids), "logprobs": r.logprobs, "loss_mask": r.loss_mask,
+            "steps": ep.record(), "reward": ep.reward, "reward_status": "ok" if ep.status == "ok" else "error",
+            "reward_reason": ep.reason or None, "verifier": f"env:{getattr(ep.env, 'name', '?')}",
+            "verifier_version": str(getattr(ep.env, "version", "")) or None, "isolation": None,
+            "truncated": ep.truncated, "generate_s": per, "verify_s": None,
+        })
+    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
 
 
 def encode_episode(tokenizer: Any, episode: Episode, *, chat: bool = True, system: str | None = None,

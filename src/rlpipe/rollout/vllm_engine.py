@@ -99,6 +99,10 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             logprobs_mode="processed_logprobs",  # after temperature/top-p: the sampler's real policy
             enable_prefix_caching=False,
+            # No partial prefills: vLLM CPU discards the token a partly prefilled seeded request samples by
+            # rewinding its generator, which a CPU generator cannot do ("CPU Generator does not use offset").
+            # Multi-turn contexts are long enough to be chunked otherwise.
+            enable_chunked_prefill=False,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self._sha = file_weights_sha256(self.model_dir)

@@ -29,6 +29,8 @@ _STEP = pa.struct(
         pa.field("action", pa.string()),
         pa.field("observation", pa.string()),
         pa.field("reward", pa.float64()),
+        pa.field("env_s", pa.float64()),  # the environment's time for this step
+        pa.field("info", pa.string()),  # the step's info mapping as JSON (tool, tool_error, ...)
     ]
 )
 
@@ -56,5 +58,5 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("generate_s", pa.float64()),
         pa.field("verify_s", pa.float64()),
     ],
-    metadata={"rlpipe.table": "trajectories", "rlpipe.schema_version": "2"},
+    metadata={"rlpipe.table": "trajectories", "rlpipe.schema_version": "3"},
 )
