@@ -483,6 +483,7 @@ def serve_env(
     cpu: Annotated[float, typer.Option(help="CPU seconds per sandboxed call.")] = 10.0,
     memory_mb: Annotated[int, typer.Option(help="Memory per sandboxed call (MB).")] = 512,
     plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra environments (repeatable).")] = None,
+    allow_host: Annotated[Optional[list[str]], typer.Option(help="host:port environments may reach through rlpipe.envs.net.connect (repeatable); default: no network.")] = None,
 ) -> None:
     """HTTP environment service: /health, /reset, /step, /metrics; every call in its own sandbox.
     Point runs at it with agent.service_url (or RLPIPE_ENV_URL)."""
@@ -493,7 +494,8 @@ def serve_env(
 
     for mod in plugin or ():
         importlib.import_module(mod)
-    opts = SandboxOptions(step_timeout_s=step_timeout, cpu_s=cpu, memory_mb=memory_mb, plugins=tuple(plugin or ()))
+    opts = SandboxOptions(step_timeout_s=step_timeout, cpu_s=cpu, memory_mb=memory_mb, plugins=tuple(plugin or ()),
+                          allow_hosts=tuple(allow_host or ()))
     typer.echo(f"environment service on http://{host}:{port} ({workers} sandboxes, queue {max_queue}, "
                f"step timeout {step_timeout:g} s)", err=True)
     serve(opts, host=host, port=port, workers=workers, max_queue=max_queue)

@@ -473,6 +473,8 @@ class AgentConfig(_Strict):
         "local", description="Where environment steps run: local (in-process pool), or sandbox (each call in its own "
         "sandbox on this machine). The environment service is not read from here: set RLPIPE_ENV_URL.")
     step_timeout_s: float = Field(10.0, gt=0, description="sandbox/service: seconds one step may take; past it the episode is an error.")
+    allow_hosts: list[str] = Field(default_factory=list, description="executor sandbox: 'host:port' pairs the environment may "
+                                   "reach (through rlpipe.envs.net.connect and an allow-list proxy); empty: no network.")
     step_workers: int = Field(8, ge=1, le=256, description="sandbox/service: environment steps run at once within a turn.")
     max_context: int = Field(256, ge=16, description="Tokens of an episode's whole context (prompt, actions, observations); "
                              "an episode that would outgrow it is cut and flagged truncated.")
@@ -498,12 +500,23 @@ class AgentConfig(_Strict):
     def _spec(self) -> "AgentConfig":
         from rlpipe.envs.base import EnvSpec
 
+        if self.allow_hosts and self.executor != "sandbox":
+            raise ValueError("@allow_hosts@only a sandboxed environment has an allow-list (in-process environments are "
+                             "trusted and unrestricted); set executor: sandbox, or give the service --allow-host")
+        bad = [h for h in self.allow_hosts if not h.rpartition(":")[2].isdigit() or not h.rpartition(":")[0]]
+        if bad:
+            raise ValueError(f"@allow_hosts@{bad}: give each as host:port")
+
         if not isinstance(self.env, EnvSpec):
             try:
                 self.env = EnvSpec.model_validate(self.env)
             except ValidationError as e:
                 first = e.errors()[0]
-                raise ValueError(f"@env.{'.'.join(map(str, first['loc']))}@{first['msg'].removeprefix('Value error, ')}") from None
+                loc, msg = ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
+                if msg.startswith("@"):  # the spec's own validator naming its key
+                    key, msg = msg[1:].split("@", 1)
+                    loc = f"{loc}.{key}" if loc else key
+                raise ValueError(f"@env.{loc}@{msg}") from None
         return self
 
     def spec(self):

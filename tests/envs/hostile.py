@@ -33,6 +33,19 @@ class Hostile:
         except OSError as e:
             return f"blocked: {e}"
 
+    def _proxied(self, arg: str) -> str:  # through the allow-list proxy (rlpipe.envs.net.connect)
+        from rlpipe.envs.net import connect
+
+        host, port = arg.rsplit(":", 1)
+        try:
+            s = connect(host, int(port), timeout=3)
+            s.sendall(b"ping")
+            got = s.recv(16).decode()
+            s.close()
+            return f"REACHED {got}"
+        except OSError as e:
+            return f"blocked: {e}"
+
     def _read(self, arg: str) -> str:  # read a host file
         try:
             with open(arg) as f:

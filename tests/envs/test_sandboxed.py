@@ -217,3 +217,76 @@ def test_service_down_is_an_error_episode():
     ep = Episode(remote_env(spec, f"http://127.0.0.1:{free_port()}", timeout_s=2), {}, 0, spec.limits)
     assert ep.start() is None
     assert ep.status == "error" and "environment service" in ep.reason
+
+
+@pytest.fixture
+def echo_server():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.sendall(c.recv(16))
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+
+
+@needs_bwrap
+def test_the_allow_list_admits_exactly_its_hosts(echo_server):
+    port = echo_server
+    opts = SandboxOptions(step_timeout_s=5.0, plugins=("tests.envs.hostile",), allow_hosts=(f"127.0.0.1:{port}",))
+
+    def step(action: str) -> str:
+        env = sandboxed_env(HOSTILE, opts)
+        env.reset({}, 0)
+        return env.step(action).observation
+
+    assert step(f"proxied:127.0.0.1:{port}") == "REACHED ping"
+    assert "not on the allow-list" in step(f"proxied:127.0.0.1:{port + 1}")
+    assert "not on the allow-list" in step(f"proxied:localhost:{port}")  # names are matched, never resolved inside
+    assert step(f"net:127.0.0.1:{port}").startswith("blocked")  # a raw socket still has no network
+    assert _step(f"proxied:127.0.0.1:{port}").startswith("blocked")  # without allow_hosts there is no proxy
+
+
+def test_rlpipe_serve_env_as_its_own_process(tmp_path):
+    """The CLI's service: up, healthy, an episode through it; stopped by its pid; then the episode is error."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    code = "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()"
+    log = tmp_path / "env.log"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "env", "--port", str(port), "--workers", "1"],
+                            env=os.environ | {"PYTHONPATH": f"{root / 'src'}:{root}"}, stdout=subprocess.DEVNULL,
+                            stderr=log.open("w"), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    spec = load_env_spec(root / "configs/envs/guess.yaml")
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError(log.read_text())
+        ep = Episode(remote_env(spec, url), {"secret": 75}, 0, spec.limits)
+        assert ep.start() == "1-100"
+        assert [ep.act("guess(50)"), ep.act("guess(80)"), ep.act("guess(75)")] == ["higher", "lower", None]
+        assert ep.status == "ok" and ep.reward == 1.0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    ep = Episode(remote_env(spec, url, timeout_s=2), {}, 0, spec.limits)
+    assert ep.start() is None and ep.status == "error"

@@ -17,6 +17,9 @@ one and the start-up allowance) kills the process if the step ignores it. A step
 deadline, a crash, or a sandbox failure raises :class:`EnvFailure`, which the episode turns into
 status ``error`` — never a reward of 0.
 
+No network by default; ``allow_hosts`` lets the environment reach exactly those ``host:port`` pairs
+through :func:`rlpipe.envs.net.connect` and an allow-list proxy on the host (:mod:`rlpipe.envs.net`).
+
 The sandbox sees rlpipe's environment code and its pure-Python dependencies read-only at
 ``/opt/rlpipe/lib`` (and ``plugins``, modules that register more environments, at
 ``/opt/rlpipe/plugins``); it runs them with the system interpreter, as the sandbox runs all code.
@@ -35,7 +38,7 @@ from typing import Any
 
 from rlpipe.envs.base import EnvSpec, StepResult
 
-_LIB, _PLUGINS = "/opt/rlpipe/lib", "/opt/rlpipe/plugins"
+_LIB, _PLUGINS, _NET = "/opt/rlpipe/lib", "/opt/rlpipe/plugins", "/opt/rlpipe/net"
 _DEPENDENCIES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection")
 _STARTUP_S = 10.0  # what an interpreter start and the imports may take on a loaded machine
 
@@ -55,7 +58,10 @@ _RUNNER = r'''
 import json, signal, sys, time
 req = json.loads(sys.stdin.read())
 sys.path[:0] = req["path"]
-import importlib
+import importlib, os
+if req["net"]:
+    import rlpipe.envs.net as net
+    net.SOCKET = next(p for p in req["net"] if os.path.exists(p))
 for mod in req["plugins"]:
     importlib.import_module(mod)
 from rlpipe.envs.base import EnvSpec, StepResult
@@ -121,6 +127,7 @@ class SandboxOptions:
     cpu_s: float = 10.0
     memory_mb: int = 512
     plugins: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()  # "host:port" the environment may reach through rlpipe.envs.net.connect
 
     def binds(self) -> list[tuple[str, str]]:
         """Host paths the sandbox sees read-only: rlpipe, its environment dependencies, the plugins."""
@@ -130,7 +137,21 @@ class SandboxOptions:
         out = [(str(lib), _LIB)]
         if self.plugins:
             out.append((str(_readable_copy(tuple(map(_module_path, self.plugins)))), _PLUGINS))
+        if self.allow_hosts:
+            out.append((_proxy(self.allow_hosts).dir, _NET))
         return out
+
+
+_PROXIES: dict[tuple[str, ...], Any] = {}
+
+
+def _proxy(allow: tuple[str, ...]):
+    """The allow-list proxy of these hosts (one per process and list, started on first use)."""
+    from rlpipe.envs.net import AllowListProxy
+
+    if allow not in _PROXIES:
+        _PROXIES[allow] = AllowListProxy(allow)
+    return _PROXIES[allow]
 
 
 _COPIES: dict[tuple[Path, ...], Path] = {}
@@ -169,7 +190,8 @@ def sandbox_call(request: dict[str, Any], options: SandboxOptions) -> dict[str, 
     binds = options.binds()
     actions = request["actions"]
     full = request | {"path": [_LIB, _PLUGINS] + [h for h, _ in binds],  # sandbox paths, else the host's
-                      "plugins": [_module_path(m).stem for m in options.plugins], "step_timeout_s": options.step_timeout_s}
+                      "plugins": [_module_path(m).stem for m in options.plugins], "step_timeout_s": options.step_timeout_s,
+                      "net": [f"{_NET}/net.sock", f"{_proxy(options.allow_hosts).dir}/net.sock"] if options.allow_hosts else []}
     wall = _STARTUP_S + options.step_timeout_s * (len(actions) + 1)
     limits = SandboxLimits(wall_s=wall, cpu_s=options.cpu_s, memory_mb=options.memory_mb)
     res = run_python(_RUNNER, stdin=json.dumps(full), limits=limits, ro_binds=binds)

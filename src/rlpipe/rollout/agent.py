@@ -34,7 +34,7 @@ def env_factory(agent: Any, env_url: str | None = None) -> Callable[[], Environm
     if agent.executor == "sandbox":
         from rlpipe.envs.sandboxed import SandboxOptions, sandboxed_env
 
-        opts = SandboxOptions(step_timeout_s=agent.step_timeout_s)
+        opts = SandboxOptions(step_timeout_s=agent.step_timeout_s, allow_hosts=tuple(agent.allow_hosts))
         return lambda: sandboxed_env(spec, opts)
     return spec.make
 
@@ -72,7 +72,7 @@ def check_episodes(table: pa.Table, max_steps: int) -> tuple[pa.Table, dict[str,
         if r["reward_status"] != "ok":
             continue
         steps = r["steps"] or []
-        done = not r["truncated"] and bool(steps) and r["reward"] is not None
+        done = not r["truncated"]  # an ok episode the limits did not cut was ended by its environment
         problems = completeness_problems(steps, done=done, truncated=bool(r["truncated"]), max_steps=max_steps)
         if len(r["loss_mask"] or []) != len(r["response_token_ids"]) or len(r["logprobs"] or []) != len(r["response_token_ids"]):
             problems.append(f"{len(r['response_token_ids'])} response tokens, {len(r['loss_mask'] or [])} mask entries, "
