@@ -352,7 +352,8 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dic
     else:
         table = pa.concat_tables(tables)
     start = time.perf_counter()
-    metrics = svc.trainer.update(table_to_samples(table), iteration) | dyn
+    step_rewards = config.agent is not None and config.agent.step_rewards
+    metrics = svc.trainer.update(table_to_samples(table, step_rewards), iteration) | dyn
     metrics["samples_generated"] = float(sum(t.num_rows for t in tables))
     update_s = time.perf_counter() - start
     _check_nonfinite(config, iteration, metrics)

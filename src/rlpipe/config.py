@@ -124,6 +124,9 @@ class SFTConfig(_Strict):
     )
 
 
+# Advantage estimators that read token-level rewards (and so per-step rewards of episodes).
+TOKEN_LEVEL_ADVANTAGES = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})
+
 SANDBOX_COMPONENTS = ("bwrap", "seccomp", "uid", "rlimits", "cgroup")
 
 # Keys that name features rlpipe does not have yet. They are refused with this message rather than
@@ -480,6 +483,8 @@ class AgentConfig(_Strict):
                              "an episode that would outgrow it is cut and flagged truncated.")
     chat: bool = Field(True, description="Turns through the model's chat template (observations as tool messages).")
     system: str | None = Field(None, description="A system message before the first observation.")
+    step_rewards: bool = Field(False, description="Credit each step's reward at its own action (token-level estimators: gae, "
+                               "reinforce_pp*); false: the episode's total reward at its end (outcome).")
     sft_traces: int = Field(2000, ge=1, description="SFT warm-up: expert demonstrations drawn from the training tasks.")
 
     @model_validator(mode="before")
@@ -552,6 +557,10 @@ class RunConfig(_Strict):
                 raise ValueError("@task.dataset@an agent run draws its tasks from the environment: use builtin:episodes")
             if self.rollout.dynamic_sampling:
                 raise ValueError("@rollout.dynamic_sampling@not supported with agent: yet; set it to false")
+            if self.agent.step_rewards and self.train.resolved()["advantage"] not in TOKEN_LEVEL_ADVANTAGES:
+                raise ValueError(f"@agent.step_rewards@the {self.train.resolved()['advantage']!r} estimator sees only the episode's "
+                                 f"total reward; per-step credit needs one of {', '.join(sorted(TOKEN_LEVEL_ADVANTAGES))} "
+                                 "(train.algorithm: ppo, or train.advantage)")
         if self.rollout.temperature == 0:
             raise ValueError("@rollout.temperature@0 (greedy) cannot train with RL: a greedy sample has no "
                              "log-probability under the policy the trainer differentiates; use a temperature > 0 "

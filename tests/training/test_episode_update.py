@@ -12,7 +12,7 @@ from rlpipe.rollout.base import SamplingConfig
 from rlpipe.rollout.multiturn import run_episodes
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def episodes(tiny_checkpoint):
     from rlpipe.rollout.hf_engine import HFEngine
 
@@ -44,15 +44,24 @@ def _capture(model):
     return seen
 
 
-def test_the_gradient_reaches_policy_tokens_only(tiny_checkpoint, episodes):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_the_gradient_reaches_policy_tokens_only(tiny_checkpoint, episodes, algorithm):
+    """GRPO on outcome rewards; PPO (critic, GAE) with per-step rewards on each action's last token."""
+    from rlpipe.storage.samples import step_reward_tokens
     from rlpipe.training.trainer import PolicyTrainer
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(batch_size=8, micro_batch_size=4, lr=1e-3, kl_coef=0.1, entropy_coef=0.01)
+    cfg = TrainConfig(algorithm=algorithm, batch_size=8, micro_batch_size=4, lr=1e-3, kl_coef=0.1, entropy_coef=0.01)
     trainer = PolicyTrainer(model_dir=str(tiny_checkpoint), cfg=cfg, seed=0, max_new_tokens=6)
+    if algorithm == "ppo":
+        for s in episodes:
+            runs = sum(1 for j, m in enumerate(s.loss_mask) if m and (j + 1 == len(s.loss_mask) or not s.loss_mask[j + 1]))
+            s.step_rewards = step_reward_tokens(s.loss_mask, [s.reward / runs] * runs)
     seen = _capture(trainer.engine.module)
     m = trainer.update(episodes, 0)
     assert m["optimizer_steps"] == 1 and len(seen) == 2  # two micro-batches of 4
+    if algorithm == "ppo":
+        assert m["vf_loss"] == m["vf_loss"] and "explained_variance" in m
     masked = trained = 0
     for batch, grad in seen:
         for row, g in zip(batch.tolist(), grad):

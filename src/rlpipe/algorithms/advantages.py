@@ -42,7 +42,9 @@ class AdvantageInput:
     valid: (N,) bool, reward status is ok;
     response_mask: (N, T) 1 on the response tokens (response-aligned);
     token_penalty: (N, T) per-token penalty taken off the reward (β·KL when KL is in the reward);
-    values: (N, T) critic values V(s_t) before each response token (``gae`` only)."""
+    values: (N, T) critic values V(s_t) before each response token (``gae`` only);
+    step_rewards: (N, T) per-step rewards of episodes, each on the last token of its step's action
+    (token-level estimators credit them there; ``rewards`` stays the total, the rest of it goes last)."""
 
     rewards: torch.Tensor
     group_ids: torch.Tensor
@@ -50,6 +52,7 @@ class AdvantageInput:
     response_mask: torch.Tensor
     token_penalty: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    step_rewards: torch.Tensor | None = None
 
     @property
     def mask(self) -> torch.Tensor:
@@ -63,12 +66,17 @@ class AdvantageInput:
         return r
 
     def token_rewards(self, outcome: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, T): −penalty on every response token, plus the outcome reward on the last one."""
+        """(N, T): −penalty on every response token, plus the outcome reward on the last one (with step
+        rewards: each on its action's last token, and the outcome's remainder on the last one)."""
         mask = self.mask
         out = torch.zeros_like(mask)
         if self.token_penalty is not None:
             out = out - self.token_penalty.to(torch.float64) * mask
         outcome = self.rewards.to(torch.float64) if outcome is None else outcome
+        if self.step_rewards is not None:  # each step's reward at its action; what is left of the outcome at the end
+            steps = self.step_rewards.to(torch.float64) * mask
+            out = out + steps
+            outcome = outcome - steps.sum(-1)
         if mask.shape[1] == 0:  # no response columns at all: nothing to place
             return out
         lengths = mask.sum(-1)

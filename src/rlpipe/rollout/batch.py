@@ -15,7 +15,7 @@ from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
 from rlpipe.storage.schemas import REWARD_STATUSES, TRAJECTORY_SCHEMA
 from rlpipe.training.sft import render_prompt
-from rlpipe.storage.samples import Sample
+from rlpipe.storage.samples import Sample, step_reward_tokens
 
 __all__ = [
     "apply_overlong_penalty", "apply_verdicts", "batch_metrics", "filter_groups", "generate_table", "group_signal", "score_table",
@@ -159,13 +159,17 @@ def filter_groups(tables: Sequence[pa.Table], max_groups: int) -> tuple[pa.Table
     }
 
 
-def table_to_samples(table: pa.Table) -> list[Sample]:
+def table_to_samples(table: pa.Table, step_rewards: bool = False) -> list[Sample]:
+    """The update's samples; ``step_rewards``: episodes carry each step's reward at its action (see
+    :class:`Sample`), for token-level estimators."""
     groups: dict[str, int] = {}
     out = []
     for r in table.to_pylist():
         g = groups.setdefault(r["prompt_id"], len(groups))
+        ok = r["reward_status"] == "ok"
+        steps = step_reward_tokens(r["loss_mask"], [s["reward"] for s in r["steps"]]) if step_rewards and ok else None
         out.append(Sample(r["prompt_token_ids"], r["response_token_ids"], r["logprobs"],
-                          r["reward"] if r["reward_status"] == "ok" else None, g, r["loss_mask"], bool(r["truncated"])))
+                          r["reward"] if ok else None, g, r["loss_mask"], bool(r["truncated"]), steps))
     return out
 
 

@@ -364,6 +364,8 @@ class PolicyTrainer:
             group_ids=torch.tensor([s.group for s in valid]),
             valid=torch.ones(len(valid), dtype=torch.bool),
             response_mask=action, token_penalty=penalty, values=values,
+            step_rewards=_aligned([s.step_rewards or [0.0] * len(s.response_ids) for s in valid], width)
+            if any(s.step_rewards is not None for s in valid) else None,
         )
         adv_out = compute_advantages(self.parts["advantage"], adv_in, **self.cfg.advantage_kwargs())
         metrics |= {f"advantage/{k}": v for k, v in masked_stats(adv_out.advantages, action).items()}
