@@ -8,7 +8,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install demo demo-rlhf test lint clean
+.PHONY: install demo demo-rlhf demo-agent test lint clean
 
 install:
 	@bash scripts/install.sh
@@ -18,6 +18,9 @@ demo: install
 
 demo-rlhf: install
 	$(VENV)/bin/rlpipe demo rlhf
+
+demo-agent: install
+	$(VENV)/bin/rlpipe demo agent
 
 test: install
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)

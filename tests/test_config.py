@@ -240,3 +240,26 @@ def test_the_rlhf_demo_runs_the_recipe_in_configs():
                 a, b = a[part], b[part]
             assert a == b, (name, dotted)
     assert load_config(root / "ppo-arithmetic-rlhf.yaml").train.algorithm == "ppo"
+
+
+def test_the_agent_demo_runs_the_recipe_in_configs():
+    """`rlpipe demo agent` (embedded overrides) and configs/*-agent-calculator.yaml train the same thing."""
+    import os
+
+    from rlpipe.cli import AGENT_DEMO
+
+    root = Path(__file__).resolve().parents[1]
+    demo = load_config(None, AGENT_DEMO).model_dump()
+    cwd = os.getcwd()
+    os.chdir(root)  # agent.env is relative to where rlpipe runs
+    try:
+        sft = load_config(root / "configs/sft-agent-calculator.yaml").model_dump()
+        rl = load_config(root / "configs/grpo-agent-calculator.yaml").model_dump()
+    finally:
+        os.chdir(cwd)
+    for recipe, sections in ((sft, ("task.name", "task.dataset", "agent", "data", "sft")), (rl, ("agent", "rollout", "train"))):
+        for dotted in sections:
+            a, b = recipe, demo
+            for part in dotted.split("."):
+                a, b = a[part], b[part]
+            assert a == b, dotted

@@ -290,3 +290,24 @@ def test_rlpipe_serve_env_as_its_own_process(tmp_path):
         proc.wait(20)
     ep = Episode(remote_env(spec, url, timeout_s=2), {}, 0, spec.limits)
     assert ep.start() is None and ep.status == "error"
+
+
+def test_agent_stages_step_sandboxed_environments_concurrently(tiny_checkpoint):
+    """agent.executor: sandbox — episodes of the rollout with every environment call in a sandbox,
+    a turn's calls run together; the same episodes as in-process (same engine, same seeds)."""
+    from rlpipe.config import AgentConfig
+    from rlpipe.rollout.agent import env_factory
+    from rlpipe.rollout.base import SamplingConfig
+    from rlpipe.rollout.hf_engine import HFEngine
+    from rlpipe.rollout.multiturn import run_episodes
+
+    engine = HFEngine(tiny_checkpoint)
+    agent = AgentConfig(env={"env": "calculator", "params": {"digits": 2}, "limits": {"max_steps": 2}}, executor="sandbox",
+                        step_workers=4)
+    tasks = [({}, s) for s in range(4)]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=6, seed=3)
+    boxed = run_episodes(engine, engine.tokenizer, agent.spec(), tasks, sampling, make_env=env_factory(agent), step_workers=4)
+    local = run_episodes(engine, engine.tokenizer, agent.spec(), tasks, sampling)
+    assert [r.episode.status for r in boxed] == ["ok"] * 4
+    assert [r.response_ids for r in boxed] == [r.response_ids for r in local]
+    assert [r.episode.record()[-1]["observation"] for r in boxed] == [r.episode.record()[-1]["observation"] for r in local]
