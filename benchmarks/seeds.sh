@@ -3,6 +3,7 @@
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2"                       # `rlpipe demo --set seed=N` (~8 min each)
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2" SFT.yaml RL.yaml      # `rlpipe sft SFT.yaml`, then `rlpipe run RL.yaml`
 #   bash benchmarks/seeds.sh OUT_DIR "0 1 2" rlhf                  # `rlpipe demo rlhf --set seed=N` (~7 min each)
+#   bash benchmarks/seeds.sh OUT_DIR "0 1 2" agent                 # `rlpipe demo agent --set seed=N` (~9 min each)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?OUT_DIR}
@@ -16,14 +17,34 @@ for seed in $seeds; do
   start=$(date +%s)
   if [ -z "$sft" ]; then
     "$root/.venv/bin/rlpipe" demo --set seed="$seed" > "$out/seed$seed.log" 2>&1
-  elif [ "$sft" = rlhf ]; then
-    "$root/.venv/bin/rlpipe" demo rlhf --set seed="$seed" > "$out/seed$seed.log" 2>&1
+  elif [ "$sft" = rlhf ] || [ "$sft" = agent ]; then
+    "$root/.venv/bin/rlpipe" demo "$sft" --set seed="$seed" > "$out/seed$seed.log" 2>&1
   else
     "$root/.venv/bin/rlpipe" sft "$root/$sft" --set seed="$seed" > "$out/seed$seed-sft.log" 2>&1
     "$root/.venv/bin/rlpipe" run "$root/$rl" --set seed="$seed" > "$out/seed$seed-rl.log" 2>&1
   fi
   echo "seed $seed: $(( $(date +%s) - start )) s"
 done
+if [ "$sft" = agent ]; then
+"$root/.venv/bin/python" - "$out" $seeds <<'PY'
+import json, sys, pathlib
+out, seeds = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print("| seed | SFT steps | episode success base → final | gain | steps base → final | tool calls base → final | env errors | demo s |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+gains = []
+for seed in seeds:
+    runs = out / f"seed{seed}" / "runs"
+    d = json.loads(next(runs.glob("agent-demo-*/summary.json")).read_text())
+    s = json.loads(next(runs.glob("sft-*/summary.json")).read_text())
+    gain = 100 * (d["episode_success_final"] - d["episode_success_base"])
+    gains.append(gain)
+    print(f"| {seed} | {s['sft_steps']} | {d['episode_success_base']:.1%} → {d['episode_success_final']:.1%} | {gain:+.1f} | "
+          f"{d['mean_steps_base']:.2f} → {d['mean_steps']:.2f} | {d['tool_calls_per_episode_base']:.2f} → "
+          f"{d['tool_calls_per_episode']:.2f} | {d['episodes_error_total']} | {d['wall_s']:.0f} |")
+print(f"gain: min {min(gains):+.1f}, mean {sum(gains) / len(gains):+.1f}, max {max(gains):+.1f} points")
+PY
+exit 0
+fi
 if [ "$sft" = rlhf ]; then
 "$root/.venv/bin/python" - "$out" $seeds <<'PY'
 import json, sys, pathlib
