@@ -172,6 +172,9 @@ def _readable_copy(paths: tuple[Path, ...]) -> Path:
                 shutil.copytree(p, root / p.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             else:
                 shutil.copy2(p, root / p.name)
+        import compileall
+
+        compileall.compile_dir(str(root), quiet=2, workers=1)  # the sandbox reads bytecode, never writes it
         for d, _, files in os.walk(root):
             os.chmod(d, 0o755)
             for f in files:
