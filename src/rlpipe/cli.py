@@ -254,7 +254,7 @@ AGENT_DEMO = [
     "agent.env={env: calculator, params: {digits: 4, ops: ['+', '*']}, limits: {max_steps: 4, episode_timeout_s: 60}}",
     "agent.max_context=160", "agent.sft_traces=2000",
     "data.test_size=200", "data.validation_size=100", "data.train_size=4000",
-    "sft.steps=400", "sft.eval_every=20", "sft.eval_size=100", "sft.stop_at_accuracy=0.3",
+    "sft.steps=400", "sft.eval_every=10", "sft.eval_size=100", "sft.stop_at_accuracy=0.5",
     "rollout.max_new_tokens=24", "rollout.batch_size=16", "rollout.samples_per_prompt=8",
     "train.total_iterations=40", "train.eval_interval=10", "train.save_interval=20", "train.lr=1e-4",
     "train.batch_size=64", "train.micro_batch_size=64",

@@ -65,3 +65,24 @@ def test_two_iterations_of_episodes_on_vllm(agent_run):
                 "heldout_accuracy", "heldout_mean_steps", "heldout_tool_calls_per_episode"):
         assert key in run.data.metrics, key
     assert any(k.startswith("episode/length/") for k in run.data.metrics)
+
+
+def test_an_agent_run_killed_mid_iteration_resumes_to_the_same_weights(agent_run):
+    """SIGKILL right after iteration 0's update: the resumed run samples iteration 1's episodes on a fresh
+    engine and lands on the uninterrupted run's weights, bit for bit."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.flows.test_train_flow import _cli
+
+    _, _, sets = agent_run
+    api = PREFECT_API_URL.value()
+    ref = _cli(_args("run", "agent-ref", sets), {}, api)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    killed = _cli(_args("run", "agent-kill", sets), {"RLPIPE_FAULT": "0:update"}, api)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    done = _cli(_args("run", "agent-kill", sets), {}, api)
+    assert done.returncode == 0, done.stderr[-3000:]
+    want = json.loads((settings().run_dir("agent-ref") / "summary.json").read_text())
+    got = json.loads((settings().run_dir("agent-kill") / "summary.json").read_text())
+    assert got["iterations_done"] == 2 and got["final_policy_version"] == want["final_policy_version"]
+    assert got["episode_success_final"] == want["episode_success_final"]
