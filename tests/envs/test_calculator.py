@@ -89,3 +89,23 @@ def test_signed_answers_are_read():
 def test_params_are_checked():
     with pytest.raises(ValueError, match="not supported"):
         CalculatorParams(ops=["/"])
+
+
+def test_partial_credit_shapes_a_wrong_answer_but_success_stays_exact():
+    from rlpipe.envs import EnvSpec, Episode
+    from rlpipe.envs.metrics import episode_metrics
+
+    spec = EnvSpec(env="calculator", params={"partial_credit": 0.5})
+    rewards = {}
+    episodes = []
+    for answer in ("7006652", "7006000", "7106652", "9", "70066521"):
+        ep = Episode(spec.make(), {"expression": "1234*5678"}, 0, spec.limits)
+        ep.start()
+        ep.act(f"answer({answer})")
+        rewards[answer] = ep.reward
+        episodes.append(ep)
+    assert rewards == {"7006652": 1.0, "7006000": 0.5 * 4 / 7, "7106652": 0.5 * 1 / 7, "9": 0.0, "70066521": 0.5 * 7 / 8}
+    assert episode_metrics(episodes)["episode/success_share"] == 0.2  # only the exact answer
+    plain = EnvSpec(env="calculator").make()
+    plain.reset({"expression": "2+2"}, 0)
+    assert plain.step("answer(5)").reward == 0.0

@@ -2,7 +2,9 @@
 
 Episode: the observation is the problem (``1234*5678``). The policy may call ``calc(EXPR)`` any number
 of times (the observation is ``=VALUE`` or ``error: …``) and ends with ``answer(N)``: reward 1 when N
-is the exact value, else 0. Copying the tool's answer is the skill to learn.
+is the exact value, else 0 (or, with ``partial_credit``, a shaped share of it for the right leading
+digits; success is still only the exact value, ``info["solved"]``). Copying the tool's answer is the
+skill to learn.
 
 ``calc`` evaluates integer arithmetic only — ``+ - * // %``, ``**`` with a small exponent, unary
 signs and parentheses — by walking the parsed syntax tree; nothing is ever passed to ``eval``. Sizes
@@ -67,6 +69,8 @@ def _eval(node: ast.AST) -> int:
 class CalculatorParams(_Strict):
     digits: int = Field(4, ge=1, le=9, description="Digits of each operand of a drawn problem.")
     ops: list[str] = Field(["+", "*"], min_length=1, description="Operators a drawn problem uses: any of + - *.")
+    partial_credit: float = Field(0.0, ge=0, lt=1, description="A wrong answer earns this times the share of the value's "
+                                  "leading digits it got right (shaping; success stays the exact answer).")
 
     def model_post_init(self, _: Any) -> None:
         bad = sorted(set(self.ops) - {"+", "-", "*"})
@@ -98,8 +102,18 @@ class Calculator(ToolEnvironment):
         return f"{rng.randint(lo, hi)}{rng.choice(self.params.ops)}{rng.randint(lo, hi)}"
 
     def answer(self, argument: str) -> StepResult:
-        right = parse_int(argument) == self.value
-        return StepResult("correct" if right else "wrong", reward=1.0 if right else 0.0, done=True)
+        got = parse_int(argument)
+        if got == self.value:
+            return StepResult("correct", reward=1.0, done=True, info={"solved": True})
+        return StepResult("wrong", reward=self._partial(argument), done=True, info={"solved": False})
+
+    def _partial(self, argument: str) -> float:
+        """``partial_credit`` × the share of the value's digits the answer has right from the left."""
+        if not self.params.partial_credit:
+            return 0.0
+        want, got = str(self.value), argument.strip()
+        same = next((k for k, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        return self.params.partial_credit * same / max(len(want), len(got), 1)
 
     def call(self, tool: str, argument: str) -> StepResult:
         try:

@@ -1,7 +1,8 @@
 """Per-iteration statistics of a batch of episodes, flat ``name → number`` for MLflow.
 
-Success means the environment ended the episode itself (``done``) with a positive reward; a
-truncated episode never counts as one. Shares are over all episodes; step statistics are over the
+Success means the environment ended the episode itself (``done``) and solved it: ``info["solved"]`` of
+the last step where the environment reports it, else a positive reward; a truncated episode never
+counts as one. Shares are over all episodes; step statistics are over the
 episodes that did not end in ``error`` (an environment fault says nothing about the policy)."""
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
+def _solved(e: Episode) -> bool:
+    """Ended by the environment and solved: its last step's ``info["solved"]`` where the environment says
+    (shaped rewards can be positive without a solution), else a positive reward."""
+    if not e.done or not e.steps:
+        return False
+    solved = e.steps[-1].info.get("solved")
+    return bool(solved) if solved is not None else (e.reward or 0.0) > 0
+
+
 def episode_metrics(episodes: Sequence[Episode], prefix: str = "episode/") -> dict[str, float]:
     n = len(episodes)
     if n == 0:
@@ -28,7 +38,7 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str = "episode/") -> di
         f"{prefix}count": float(n),
         f"{prefix}error_share": (n - len(judged)) / n,
         f"{prefix}truncated_share": sum(e.truncated for e in judged) / n,
-        f"{prefix}success_share": sum(e.done and (e.reward or 0.0) > 0 for e in judged) / n,
+        f"{prefix}success_share": sum(_solved(e) for e in judged) / n,
         f"{prefix}reward_mean": sum(e.reward for e in judged) / len(judged) if judged else 0.0,
         f"{prefix}steps_mean": sum(steps) / len(steps) if steps else 0.0,
         f"{prefix}steps_max": float(max(steps, default=0)),
