@@ -66,8 +66,6 @@ def main() -> None:
     import uvicorn
 
     from rlpipe.services.env import EnvService, create_app
-    from tests.helpers.s3server import free_port
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=24)
     ap.add_argument("--workers", type=int, default=2)
@@ -76,7 +74,11 @@ def main() -> None:
     spec = load_env_spec("configs/envs/calculator.yaml")
     opts = SandboxOptions()
     sandboxed_env(spec, opts).reset({}, 0)  # build the sandbox's library copy once, outside the timings
-    port = free_port()
+    import socket
+
+    with socket.socket() as probe:  # a free port on the loopback
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     service = EnvService(opts, workers=args.workers, max_queue=256)
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
