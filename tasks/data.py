@@ -23,7 +23,6 @@ class DatasetInvalid(ValueError):
 @task(name="prepare-dataset", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
 def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     """Build/load → validate (refuse on any finding) → write the stage once per version."""
-    s = settings()
     for module in config.reward.plugins:  # extra verifiers: the prompt rows may name them
         importlib.import_module(module)
     if config.agent is not None:

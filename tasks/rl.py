@@ -301,7 +301,8 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
         from rlpipe.rollout.agent import check_episodes
 
         scored, stats = check_episodes(table, config.agent.spec().limits.max_steps)
-        stats |= {"verify_s": time.perf_counter() - start - read_s, "verify_per_s": 0.0}
+        check_s = time.perf_counter() - start - read_s
+        stats |= {"verify_s": check_s, "verify_per_s": table.num_rows / max(check_s, 1e-9)}
     else:
         scored, stats = _score(config, svc, table, reward_norm)
     rows = scored.to_pylist()
