@@ -17,6 +17,7 @@ from rlpipe.envs import EnvLimits, EnvSpec, Episode, load_env_spec
 from rlpipe.envs.sandboxed import EnvFailure, SandboxOptions, remote_env, sandboxed_env
 from rlpipe.sandbox import isolation_report
 from tests.envs import hostile  # noqa: F401 - registers "hostile" on this side too
+from tests.helpers.http import wait_healthy
 from tests.helpers.s3server import free_port
 
 FULL = "bwrap" in isolation_report()["level"]
@@ -147,12 +148,7 @@ def service():
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{url}/health", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_healthy(url, 10)
     yield svc, url
     server.should_exit = True
 
@@ -273,14 +269,7 @@ def test_rlpipe_serve_env_as_its_own_process(tmp_path):
     url = f"http://127.0.0.1:{port}"
     spec = load_env_spec(root / "configs/envs/guess.yaml")
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError(log.read_text())
+        wait_healthy(url, 60, log.read_text)
         ep = Episode(remote_env(spec, url), {"secret": 75}, 0, spec.limits)
         assert ep.start() == "1-100"
         assert [ep.act("guess(50)"), ep.act("guess(80)"), ep.act("guess(75)")] == ["higher", "lower", None]

@@ -14,6 +14,7 @@ import pytest
 
 from rlpipe.rewards.model import RemoteRewardModel, RMItem
 from rlpipe.training.reward_model import RewardScorer, encode_response
+from tests.helpers.http import wait_healthy
 from tests.helpers.s3server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,13 +39,8 @@ def _serve_in_thread(service):
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{url}/health", timeout=1)
-            return server, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("service did not start")
+    wait_healthy(url, 10)
+    return server, url
 
 
 @pytest.fixture
@@ -141,14 +137,7 @@ def test_serve_reward_model_cli_process_and_the_client(tiny_reward_model, tmp_pa
                             env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError(log.read_text())
+        wait_healthy(url, 60, log.read_text)
         client = RemoteRewardModel(url)
         assert client.healthy() and client.version.endswith(RewardScorer(tiny_reward_model[0], "x").weights_sha256[:12])
         out = client.score([RMItem("12+34=", "46"), RMItem("12+34=", "xq")])
