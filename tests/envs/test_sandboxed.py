@@ -17,7 +17,7 @@ from rlpipe.envs import EnvLimits, EnvSpec, Episode, load_env_spec
 from rlpipe.envs.sandboxed import EnvFailure, SandboxOptions, remote_env, sandboxed_env
 from rlpipe.sandbox import isolation_report
 from tests.envs import hostile  # noqa: F401 - registers "hostile" on this side too
-from tests.helpers.http import wait_healthy
+from tests.helpers.waiting import wait_healthy
 from tests.helpers.s3server import free_port
 
 FULL = "bwrap" in isolation_report()["level"]

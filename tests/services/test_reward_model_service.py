@@ -14,7 +14,7 @@ import pytest
 
 from rlpipe.rewards.model import RemoteRewardModel, RMItem
 from rlpipe.training.reward_model import RewardScorer, encode_response
-from tests.helpers.http import wait_healthy
+from tests.helpers.waiting import wait_healthy
 from tests.helpers.s3server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Waiting for a test's own HTTP service to come up."""
+"""Waiting for a test's own HTTP service to come up (not named http.py: a helper script run from this folder would shadow the standard library's http)."""
 
 from __future__ import annotations
 
