@@ -287,6 +287,11 @@ class TrainConfig(_Strict):
         None, gt=0, description="Per-sequence normaliser of loss_agg_mode 'constant'; default: rollout.max_new_tokens."
     )
     lr: float = Field(3e-5, gt=0, description="Policy learning rate.")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear learning-rate warm-up over the first N optimizer steps of the run (policy and "
+        "critic), as verl's lr_warmup_steps: step k uses lr × min(1, k/N). Adam's first steps move every weight by "
+        "about lr whatever the gradient's size; a warm-up lets its moment estimates settle first. 0: no warm-up."
+    )
     kl_coef: float = Field(0.0, ge=0, description="KL coefficient β to the reference model (0 = none; the adaptive "
                            "controller's start value when kl_target is set).")
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = Field(

@@ -414,6 +414,9 @@ class PolicyTrainer:
     def _minibatch(self, valid: Sequence[Sample], prep: "_Prepared", idx: list[int], sums: dict[str, float],
                    norms: dict[str, list[float]]) -> bool:
         """One optimizer step over ``idx`` (GAS micro-batches × ranks); False when it was skipped."""
+        self._warm_up(self.engine, self.cfg.lr)
+        if self.critic is not None:
+            self._warm_up(self.critic, self.cfg.critic.lr)
         masks = prep.train_masks
         n_tok = float(sum(sum(masks[i]) for i in idx))
         # Dr.GRPO's constant normaliser counts every sequence; the other modes the ones with tokens.
@@ -451,6 +454,16 @@ class PolicyTrainer:
             _merge_stats(sums, collected)
         return ok
 
+    def _warm_up(self, engine: Any, base_lr: float) -> float:
+        """Set the learning rate of the engine's next optimizer step: ``base_lr × min(1, k/N)`` for the k-th
+        step (1-based) of the run, N = ``train.warmup_steps``. The count is DeepSpeed's ``global_steps``, which
+        its checkpoint restores, so a resumed run continues the same schedule (a skipped step counts)."""
+        n = self.cfg.warmup_steps
+        lr = base_lr * (min(1.0, (engine.global_steps + 1) / n) if n else 1.0)
+        for group in engine.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
     def _step(self, engine: Any, boundary: bool, finite: bool, norms: list[float]) -> bool:
         """``engine.step()``; at the accumulation boundary the step is skipped unless loss and gradient
         are finite on every rank. Returns whether this mini-batch is (still) finite."""
@@ -486,6 +499,7 @@ class PolicyTrainer:
         sums = self._all_reduce(sums)
         done = steps - skipped
         out: dict[str, float] = {"optimizer_steps": done, "nonfinite_steps": skipped, "kl_coef": prep.beta,
+                                 "lr": float(self.engine.optimizer.param_groups[0]["lr"]),
                                  "tokens": sums.get("tokens", 0.0)}
         if done == 0:
             return out
