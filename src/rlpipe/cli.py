@@ -257,7 +257,7 @@ AGENT_DEMO = [
     "sft.steps=400", "sft.eval_every=10", "sft.eval_size=100", "sft.stop_at_accuracy=0.5",
     "rollout.max_new_tokens=24", "rollout.batch_size=16", "rollout.samples_per_prompt=8",
     "train.total_iterations=40", "train.eval_interval=10", "train.save_interval=20", "train.lr=1e-4",
-    "train.batch_size=64", "train.micro_batch_size=64",
+    "train.batch_size=64", "train.micro_batch_size=64", "train.warmup_steps=20",
 ]
 
 
