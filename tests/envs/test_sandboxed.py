@@ -17,8 +17,8 @@ from rlpipe.envs import EnvLimits, EnvSpec, Episode, load_env_spec
 from rlpipe.envs.sandboxed import EnvFailure, SandboxOptions, remote_env, sandboxed_env
 from rlpipe.sandbox import isolation_report
 from tests.envs import hostile  # noqa: F401 - registers "hostile" on this side too
-from tests.helpers.waiting import wait_healthy
 from tests.helpers.s3server import free_port
+from tests.helpers.waiting import wait_healthy
 
 FULL = "bwrap" in isolation_report()["level"]
 needs_bwrap = pytest.mark.skipif(not FULL, reason="needs the sandbox's bubblewrap level")

@@ -14,8 +14,8 @@ import pytest
 
 from rlpipe.rewards.model import RemoteRewardModel, RMItem
 from rlpipe.training.reward_model import RewardScorer, encode_response
-from tests.helpers.waiting import wait_healthy
 from tests.helpers.s3server import free_port
+from tests.helpers.waiting import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 

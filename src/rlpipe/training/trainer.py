@@ -454,7 +454,7 @@ class PolicyTrainer:
             _merge_stats(sums, collected)
         return ok
 
-    def _warm_up(self, engine: Any, base_lr: float) -> float:
+    def _warm_up(self, engine: Any, base_lr: float) -> None:
         """Set the learning rate of the engine's next optimizer step: ``base_lr × min(1, k/N)`` for the k-th
         step (1-based) of the run, N = ``train.warmup_steps``. The count is DeepSpeed's ``global_steps``, which
         its checkpoint restores, so a resumed run continues the same schedule (a skipped step counts)."""
@@ -462,7 +462,6 @@ class PolicyTrainer:
         lr = base_lr * (min(1.0, (engine.global_steps + 1) / n) if n else 1.0)
         for group in engine.optimizer.param_groups:
             group["lr"] = lr
-        return lr
 
     def _step(self, engine: Any, boundary: bool, finite: bool, norms: list[float]) -> bool:
         """``engine.step()``; at the accumulation boundary the step is skipped unless loss and gradient
