@@ -74,7 +74,7 @@ def _agent_sft(config: RunConfig, model: Any, tok: Any, train: list, test: list,
     """SFT on expert demonstrations of ``agent.sft_traces`` training tasks (loss on the policy's tokens only),
     evaluated by greedy episodes: ``accuracy`` is the episode success share."""
     from rlpipe.data.episodes import episode_task
-    from rlpipe.envs.experts import demonstrate
+    from rlpipe.envs.experts import demonstrate, uses_tool
     from rlpipe.rollout.agent import agent_evaluate
     from rlpipe.rollout.hf_engine import HFEngine
     from rlpipe.rollout.multiturn import encode_episode
@@ -84,7 +84,8 @@ def _agent_sft(config: RunConfig, model: Any, tok: Any, train: list, test: list,
     examples = []
     for k in range(agent.sft_traces):
         task, seed = episode_task(train[k % len(train)])
-        r = encode_episode(tok, demonstrate(spec, task, seed), chat=agent.chat, system=agent.system)
+        use_tool = uses_tool(k, agent.sft_tool_share)
+        r = encode_episode(tok, demonstrate(spec, task, seed, use_tool), chat=agent.chat, system=agent.system)
         examples.append(episode_example(r.prompt_ids, r.response_ids, r.loss_mask))
 
     def episodes(m: Any, rows: list) -> dict[str, Any]:

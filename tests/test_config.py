@@ -184,6 +184,8 @@ def test_presets_resolve_to_their_method(preset):
     ("agent: {env: {env: calculator}}\n", "task.dataset", "builtin:episodes"),
     ("agent: {env: {env: calculator}, allow_hosts: ['127.0.0.1:80']}\n", "agent.allow_hosts", "executor: sandbox"),
     ("agent: {env: {env: calculator}, executor: sandbox, allow_hosts: ['nohost']}\n", "agent.allow_hosts", "host:port"),
+    ("agent: {env: {env: guess}, sft_tool_share: 0.5}\n", "agent.sft_tool_share", "without the tool"),
+    ("agent: {env: {env: calculator}, sft_tool_share: 0}\n", "agent.sft_tool_share", "greater than 0"),
     ("reward: {sandbox_min_level: bwrap+chroot}\n", "reward.sandbox_min_level", "'chroot'"),
     ("reward: {code_scoring: most}\n", "reward.code_scoring", "fraction"),
     ("reward: {max_invalid_share: 1.5}\n", "reward.max_invalid_share", "less than or equal"),

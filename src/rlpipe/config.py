@@ -470,6 +470,14 @@ class TrackingConfig(_Strict):
         return _reject_network_endpoint(v, "RLPIPE_TRACKING_URI")
 
 
+def _check_tool_share(share: float, spec: Any) -> None:
+    from rlpipe.envs.experts import TOOL_FREE
+
+    if share < 1 and spec.env not in TOOL_FREE:
+        raise ValueError(f"@sft_tool_share@the {spec.env!r} expert cannot solve its tasks without the tool; "
+                         f"set 1 (environments whose expert can: {', '.join(sorted(TOOL_FREE))})")
+
+
 class AgentConfig(_Strict):
     """Multi-step agentic RL: the policy acts in an environment over several turns (see ``rlpipe.envs``)."""
 
@@ -491,6 +499,9 @@ class AgentConfig(_Strict):
     step_rewards: bool = Field(False, description="Credit each step's reward at its own action (token-level estimators: gae, "
                                "reinforce_pp*); false: the episode's total reward at its end (outcome).")
     sft_traces: int = Field(2000, ge=1, description="SFT warm-up: expert demonstrations drawn from the training tasks.")
+    sft_tool_share: float = Field(1.0, gt=0, le=1, description="SFT warm-up: the share of demonstrations in which the "
+                                  "expert calls the tool; in the others it answers at once, in its head (calculator "
+                                  "only). Below 1 the base calls the tool only sometimes, and RL learns when it pays.")
 
     @model_validator(mode="before")
     @classmethod
@@ -517,16 +528,20 @@ class AgentConfig(_Strict):
         if bad:
             raise ValueError(f"@allow_hosts@{bad}: give each as host:port")
 
-        if not isinstance(self.env, EnvSpec):
-            try:
-                self.env = EnvSpec.model_validate(self.env)
-            except ValidationError as e:
-                first = e.errors()[0]
-                loc, msg = ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
-                if msg.startswith("@"):  # the spec's own validator naming its key
-                    key, msg = msg[1:].split("@", 1)
-                    loc = f"{loc}.{key}" if loc else key
-                raise ValueError(f"@env.{loc}@{msg}") from None
+        if isinstance(self.env, EnvSpec):
+            _check_tool_share(self.sft_tool_share, self.env)
+            return self
+        try:
+            spec = EnvSpec.model_validate(self.env)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc, msg = ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
+            if msg.startswith("@"):  # the spec's own validator naming its key
+                key, msg = msg[1:].split("@", 1)
+                loc = f"{loc}.{key}" if loc else key
+            raise ValueError(f"@env.{loc}@{msg}") from None
+        _check_tool_share(self.sft_tool_share, spec)
+        self.env = spec  # validate_assignment runs these checks again, on the spec
         return self
 
     def spec(self):

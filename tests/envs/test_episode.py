@@ -142,3 +142,24 @@ def test_experts_solve_their_environments_from_observations_alone():
     assert sum(len(e.steps) for e in guess) / 100 == pytest.approx(5.8)
     with pytest.raises(KeyError, match="no expert"):
         demonstrate(EnvSpec.model_construct(env="chess"), {}, 0)
+
+
+def test_a_demonstrator_without_the_tool_answers_at_once_and_exactly():
+    from rlpipe.envs import EnvSpec
+    from rlpipe.envs.experts import demonstrate
+
+    ep = demonstrate(EnvSpec(env="calculator"), {"expression": "1234*5678"}, 0, use_tool=False)
+    assert ep.done and ep.reward == 1.0 and len(ep.steps) == 1 and ep.tool_calls == 0
+    assert ep.steps[0].action == "answer(7006652)"
+    with pytest.raises(ValueError, match="no tool to leave out"):
+        demonstrate(EnvSpec(env="guess"), {"secret": 3}, 0, use_tool=False)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.3, 0.25, 0.01])
+def test_the_tool_share_of_demonstrations_is_exact_in_every_prefix(share):
+    from rlpipe.envs.experts import uses_tool
+
+    picks = [uses_tool(k, share) for k in range(2000)]
+    for n in (1, 7, 10, 333, 2000):
+        assert sum(picks[:n]) == int(n * share + 0.5), n
+    assert all(picks) == (share == 1.0)

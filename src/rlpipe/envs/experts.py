@@ -3,7 +3,12 @@ episode — the demonstrations the agent demo's SFT warm-up trains on.
 
 An expert acts only on what the policy would see (the observations), never on the environment's
 hidden state: the calculator expert calls the tool and copies its answer, the guessing expert halves
-the range it was told."""
+the range it was told.
+
+A demonstrator may also have mixed habits: with ``use_tool=False`` the calculator expert works the
+problem out in its head and answers at once (exactly, as a person who can multiply would). A policy
+that imitates a mix of both learns to call the tool only sometimes; the tiny model cannot do 4-digit
+arithmetic in its head, so RL has to discover that the tool pays — the agent demo's story."""
 
 from __future__ import annotations
 
@@ -12,17 +17,25 @@ from typing import Any
 
 from rlpipe.envs.actions import format_action
 from rlpipe.envs.base import EnvSpec
+from rlpipe.envs.calculator import evaluate
 from rlpipe.envs.episode import Episode
 
 
-def _calculator() -> Callable[[str], str]:
+def _calculator(use_tool: bool = True) -> Callable[[str], str]:
     def act(observation: str) -> str:
-        return format_action("answer", observation[1:]) if observation.startswith("=") else format_action("calc", observation)
+        if observation.startswith("="):
+            return format_action("answer", observation[1:])
+        if not use_tool:  # the problem is the observation: what the policy sees, solved in the head
+            return format_action("answer", str(evaluate(observation)))
+        return format_action("calc", observation)
 
     return act
 
 
-def _guess() -> Callable[[str], str]:
+def _guess(use_tool: bool = True) -> Callable[[str], str]:
+    if not use_tool:
+        raise ValueError("the guess expert has no tool to leave out: every action is a guess; "
+                         "use a tool share of 1 (agent.sft_tool_share) for this environment")
     state: dict[str, int] = {}
 
     def act(observation: str) -> str:
@@ -39,14 +52,23 @@ def _guess() -> Callable[[str], str]:
     return act
 
 
-EXPERTS: dict[str, Callable[[], Callable[[str], str]]] = {"calculator": _calculator, "guess": _guess}
+EXPERTS: dict[str, Callable[[bool], Callable[[str], str]]] = {"calculator": _calculator, "guess": _guess}
+# Experts that can also solve their tasks without the environment's tools (``use_tool=False``).
+TOOL_FREE = frozenset({"calculator"})
 
 
-def demonstrate(spec: EnvSpec, task: dict[str, Any], seed: int) -> Episode:
-    """The expert's episode on ``task``: finished, with its steps (``status`` ok, ``done`` when solved)."""
+def uses_tool(k: int, share: float) -> bool:
+    """Whether demonstration ``k`` of a run calls the tool, for a tool share ``share``: spread evenly, so that
+    any first ``n`` demonstrations hold ``round(n * share)`` (halves up) that do."""
+    return int((k + 1) * share + 0.5) > int(k * share + 0.5)
+
+
+def demonstrate(spec: EnvSpec, task: dict[str, Any], seed: int, use_tool: bool = True) -> Episode:
+    """The expert's episode on ``task``: finished, with its steps (``status`` ok, ``done`` when solved).
+    ``use_tool=False``: the expert answers without calling a tool (experts in :data:`TOOL_FREE` only)."""
     if spec.env not in EXPERTS:
         raise KeyError(f"no expert for environment {spec.env!r}; experts: {', '.join(sorted(EXPERTS))}")
-    expert = EXPERTS[spec.env]()
+    expert = EXPERTS[spec.env](use_tool)
     episode = Episode(spec.make(), task, seed, spec.limits)
     obs = episode.start()
     while obs is not None:
