@@ -49,6 +49,8 @@ def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
             "heldout_accuracy_before": result["heldout_accuracy_before"],
             "heldout_accuracy_after": result["heldout_accuracy_after"],
             "heldout_n": result["heldout_n"],
+            **({"mean_steps_after": result["mean_steps_after"], "tool_calls_per_episode_after": result["tool_calls_per_episode_after"]}
+               if config.agent is not None else {}),
             "mlflow_run_id": mlflow_run,
             "wall_s": round(time.perf_counter() - start, 2),
         },

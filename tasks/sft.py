@@ -51,7 +51,10 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
     def log(step: int, metrics: dict[str, float]) -> None:
         if tracker:
             tracker.log_metrics(mlflow_run_id, {f"sft/{k}": v for k, v in metrics.items()}, step)
-        if "validation_accuracy" in metrics:
+        if "validation_tool_calls_per_episode" in metrics:
+            logger.info("sft step %d/%d: validation episode success %.3f, tool calls/episode %.2f", step, config.sft.steps,
+                        metrics["validation_accuracy"], metrics["validation_tool_calls_per_episode"])
+        elif "validation_accuracy" in metrics:
             logger.info("sft step %d/%d: validation accuracy %.3f", step, config.sft.steps, metrics["validation_accuracy"])
         elif step % 50 == 0:
             logger.info("sft step %d/%d: loss %.3f", step, config.sft.steps, metrics["loss_ema"])
@@ -74,7 +77,7 @@ def _agent_sft(config: RunConfig, model: Any, tok: Any, train: list, test: list,
     """SFT on expert demonstrations of ``agent.sft_traces`` training tasks (loss on the policy's tokens only),
     evaluated by greedy episodes: ``accuracy`` is the episode success share."""
     from rlpipe.data.episodes import episode_task
-    from rlpipe.envs.experts import demonstrate, uses_tool
+    from rlpipe.envs.experts import demonstrations
     from rlpipe.rollout.agent import agent_evaluate
     from rlpipe.rollout.hf_engine import HFEngine
     from rlpipe.rollout.multiturn import encode_episode
@@ -82,10 +85,8 @@ def _agent_sft(config: RunConfig, model: Any, tok: Any, train: list, test: list,
 
     agent, spec, max_new = config.agent, config.agent.spec(), config.rollout.max_new_tokens
     examples = []
-    for k in range(agent.sft_traces):
-        task, seed = episode_task(train[k % len(train)])
-        use_tool = uses_tool(k, agent.sft_tool_share)
-        r = encode_episode(tok, demonstrate(spec, task, seed, use_tool), chat=agent.chat, system=agent.system)
+    for ep in demonstrations(spec, [episode_task(r) for r in train], agent.sft_traces, agent.sft_tool_share):
+        r = encode_episode(tok, ep, chat=agent.chat, system=agent.system)
         examples.append(episode_example(r.prompt_ids, r.response_ids, r.loss_mask))
 
     def episodes(m: Any, rows: list) -> dict[str, Any]:

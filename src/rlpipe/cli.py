@@ -378,6 +378,8 @@ def _demo_sft(cfg: RunConfig, s) -> None:
         ("SFT steps / time", f"{summary['sft_steps']} / {summary['sft_train_s']:.1f} s"),
         ("held-out accuracy before SFT", f"{summary['heldout_accuracy_before']:.1%}"),
         ("held-out accuracy after SFT", f"{summary['heldout_accuracy_after']:.1%}  (n={summary['heldout_n']})"),
+        *([("tool calls/episode after SFT", f"{summary['tool_calls_per_episode_after']:.2f}")]
+          if "tool_calls_per_episode_after" in summary else []),
         ("registered", f"{summary['registered_model']['name']} v{summary['registered_model']['version']} "
                        f"({', '.join(summary['registered_model']['aliases'])})"),
         ("dataset version", summary["dataset_version"][:16]),

@@ -163,3 +163,16 @@ def test_the_tool_share_of_demonstrations_is_exact_in_every_prefix(share):
     for n in (1, 7, 10, 333, 2000):
         assert sum(picks[:n]) == int(n * share + 0.5), n
     assert all(picks) == (share == 1.0)
+
+
+def test_demonstrations_mix_the_two_habits_at_the_tool_share():
+    from rlpipe.envs import EnvSpec
+    from rlpipe.envs.experts import demonstrations
+
+    tasks = [({"expression": f"{a}*{a + 7}"}, 0) for a in range(100, 104)]
+    eps = demonstrations(EnvSpec(env="calculator"), tasks, 10, tool_share=0.3)
+    assert [e.task for e in eps] == [t for t, _ in tasks] * 2 + [t for t, _ in tasks[:2]]  # tasks reused in order
+    assert sum(e.tool_calls for e in eps) == 3 and all(e.reward == 1.0 for e in eps)
+    assert [len(e.steps) for e in eps] == [1, 2, 1, 1, 2, 1, 1, 1, 2, 1]
+    with pytest.raises(ValueError, match="at least one task"):
+        demonstrations(EnvSpec(env="calculator"), [], 3)

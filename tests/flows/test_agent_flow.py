@@ -38,6 +38,7 @@ def test_sft_on_traces_registers_a_base_that_uses_the_tool(agent_run):
     assert sft["sft_steps"] == 40 and sft["heldout_n"] == 16
     assert sft["heldout_accuracy_before"] == 0.0  # an untrained model solves nothing
     assert sft["registered_model"]["aliases"][0] == "base"
+    assert 0 <= sft["tool_calls_per_episode_after"] <= 3 and 1 <= sft["mean_steps_after"] <= 3
 
 
 def test_two_iterations_of_episodes_on_vllm(agent_run):

@@ -12,7 +12,7 @@ arithmetic in its head, so RL has to discover that the tool pays — the agent d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlpipe.envs.actions import format_action
@@ -74,3 +74,11 @@ def demonstrate(spec: EnvSpec, task: dict[str, Any], seed: int, use_tool: bool =
     while obs is not None:
         obs = episode.act(expert(obs))
     return episode
+
+
+def demonstrations(spec: EnvSpec, tasks: Sequence[tuple[dict[str, Any], int]], n: int, tool_share: float = 1.0) -> list[Episode]:
+    """``n`` expert episodes on ``tasks`` (``(task, seed)`` pairs, reused in order when ``n`` is larger); a
+    ``tool_share`` of them call the tool, spread evenly (:func:`uses_tool`), the others answer at once."""
+    if not tasks:
+        raise ValueError("demonstrations need at least one task")
+    return [demonstrate(spec, *tasks[k % len(tasks)], use_tool=uses_tool(k, tool_share)) for k in range(n)]

@@ -187,7 +187,8 @@ def train_sft_examples(
             ev = eval_fn(model) | {"step": step}
             result.evals.append(ev)
             if log:
-                log(step, {"validation_accuracy": ev["accuracy"]})
+                extra = {f"validation_{k}": ev[k] for k in ("mean_steps", "tool_calls_per_episode") if k in ev}  # episodes
+                log(step, {"validation_accuracy": ev["accuracy"], **extra})
             if cfg.stop_at_accuracy is not None and ev["accuracy"] >= cfg.stop_at_accuracy:
                 result.stopped_early = True
                 break
