@@ -251,10 +251,10 @@ RLHF_DEMO = [
 # GRPO on whole episodes in the calculator environment.
 AGENT_DEMO = [
     "task.name=agent-calculator", "task.dataset=builtin:episodes",
-    "agent.env={env: calculator, params: {digits: 4, ops: ['+', '*']}, limits: {max_steps: 4, episode_timeout_s: 60}}",
-    "agent.max_context=160", "agent.sft_traces=2000",
+    "agent.env={env: calculator, params: {digits: 4, ops: ['*']}, limits: {max_steps: 4, episode_timeout_s: 60}}",
+    "agent.max_context=160", "agent.sft_traces=2000", "agent.sft_tool_share=0.3",
     "data.test_size=200", "data.validation_size=100", "data.train_size=4000",
-    "sft.steps=400", "sft.eval_every=10", "sft.eval_size=100", "sft.stop_at_accuracy=0.5",
+    "sft.steps=250", "sft.eval_every=50", "sft.eval_size=100", "sft.stop_at_accuracy=null",
     "rollout.max_new_tokens=24", "rollout.batch_size=16", "rollout.samples_per_prompt=8",
     "train.total_iterations=40", "train.eval_interval=10", "train.save_interval=20", "train.lr=1e-4",
     "train.batch_size=64", "train.micro_batch_size=64", "train.warmup_steps=20",

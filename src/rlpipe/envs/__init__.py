@@ -7,8 +7,9 @@ Environment specs are YAML files (``configs/envs/*.yaml``) validated like run co
     spec = load_env_spec("configs/envs/calculator.yaml")
     episode = Episode(spec.make(), task={}, seed=0, limits=spec.limits)
 
-The multi-turn rollout over them is :mod:`rlpipe.rollout.multiturn`. The sandboxed environment service
-and the run config's ``agent:`` section are not built yet: a run config still refuses ``agent:``.
+The multi-turn rollout over them is :mod:`rlpipe.rollout.multiturn`; environments in their own
+sandboxes are :mod:`rlpipe.envs.sandboxed`, the environment service :mod:`rlpipe.services.env`; a run config picks all of this in
+its ``agent:`` section.
 """
 
 from rlpipe.envs.actions import Action, InvalidAction, format_action, parse_action

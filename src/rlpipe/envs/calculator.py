@@ -1,4 +1,4 @@
-"""``calculator``: multi-digit arithmetic (4-digit products by default) with a calculator tool.
+"""``calculator``: multi-digit arithmetic (4-digit `+` and `*` by default; the agent demo uses products) with a calculator tool.
 
 Episode: the observation is the problem (``1234*5678``). The policy may call ``calc(EXPR)`` any number
 of times (the observation is ``=VALUE`` or ``error: …``) and ends with ``answer(N)``: reward 1 when N
