@@ -28,6 +28,7 @@ def test_metrics_by_hand():
     assert m["episode/reward_mean"] == pytest.approx(2 / 3)
     assert m["episode/steps_mean"] == 2.0 and m["episode/steps_max"] == 3
     assert m["episode/tool_calls_per_episode"] == pytest.approx(4 / 3)
+    assert m["episode/tool_use_share"] == pytest.approx(2 / 3)  # of the judged episodes, those with a call
     assert m["episode/tool_error_rate"] == pytest.approx(1 / 6)
     assert (m["episode/length/1"], m["episode/length/2"], m["episode/length/3"]) == (0.25, 0.25, 0.25)
     assert 0 <= m["episode/env_step_p50_s"] <= m["episode/env_step_p99_s"]

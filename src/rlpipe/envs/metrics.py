@@ -43,6 +43,7 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str = "episode/") -> di
         f"{prefix}steps_mean": sum(steps) / len(steps) if steps else 0.0,
         f"{prefix}steps_max": float(max(steps, default=0)),
         f"{prefix}tool_calls_per_episode": sum(e.tool_calls for e in judged) / len(judged) if judged else 0.0,
+        f"{prefix}tool_use_share": sum(e.tool_calls > 0 for e in judged) / len(judged) if judged else 0.0,
         f"{prefix}tool_error_rate": sum(e.tool_errors for e in judged) / max(sum(steps), 1),
         f"{prefix}env_step_p50_s": _quantile(env_s, 0.5),
         f"{prefix}env_step_p99_s": _quantile(env_s, 0.99),

@@ -21,6 +21,9 @@ def reward_curve(history: list[dict[str, Any]], path: str | Path, title: str, ba
         ev = [(-1, base_accuracy)] + ev
     if ev:
         ax.plot([e[0] for e in ev], [e[1] for e in ev], "o-", label="held-out accuracy (greedy)", color="#DD8452")
+    if any("episode/tool_use_share" in h for h in history):  # agent runs: does the policy call its tools?
+        ax.plot(its, [h.get("episode/tool_use_share", math.nan) for h in history], "--", color="#55A868",
+                label="episodes that call a tool (sampled)")
     ax.set_xlabel("iteration")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
