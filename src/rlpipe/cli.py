@@ -339,7 +339,8 @@ def _demo_rlhf(cfg: RunConfig, s, start: float) -> None:
                f"{summary['heldout_true_score_final']:.3f}   ({summary['heldout_true_score_final'] - summary['heldout_true_score_base']:+.3f})")
     typer.echo(f"  reward-model score   base {summary['heldout_rm_score_base']:.3f}  →  final {summary['heldout_rm_score_final']:.3f}")
     typer.echo(f"  reward hacking       {summary['reward_hacking_alerts']} alert(s); curve {summary['rm_vs_true_png']}")
-    typer.echo(f"  demo wall time       {summary['wall_s'] // 60:.0f} min {summary['wall_s'] % 60:.0f} s")
+    minutes, seconds = divmod(round(summary["wall_s"]), 60)
+    typer.echo(f"  demo wall time       {minutes} min {seconds} s")
     _demo_links(s)
     typer.echo(str(path))
 
@@ -365,7 +366,8 @@ def _demo_agent(cfg: RunConfig, s, start: float) -> None:
     typer.echo(f"  steps per episode    base {summary['mean_steps_base']:.2f}  →  final {summary['mean_steps']:.2f}")
     typer.echo(f"  tool calls/episode   base {summary['tool_calls_per_episode_base']:.2f}  →  final {summary['tool_calls_per_episode']:.2f}")
     typer.echo(f"  environment errors   {summary['episodes_error_total']} episode(s), excluded from the updates")
-    typer.echo(f"  demo wall time       {summary['wall_s'] // 60:.0f} min {summary['wall_s'] % 60:.0f} s")
+    minutes, seconds = divmod(round(summary["wall_s"]), 60)
+    typer.echo(f"  demo wall time       {minutes} min {seconds} s")
     _demo_links(s)
     typer.echo(str(path))
 
