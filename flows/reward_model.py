@@ -10,6 +10,7 @@ from prefect import flow
 from rlpipe.config import RunConfig, settings
 from rlpipe.runs import new_run_id, write_summary
 from tasks._log import run_logger
+from tasks.preflight import preflight_task
 from tasks.reward_model import prepare_preferences, train_reward_model
 from tasks.tracking import end_tracking, register_checkpoint, start_tracking
 
@@ -20,6 +21,7 @@ def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     newest. Returns the path of the run's summary.json."""
     start = time.perf_counter()
     run_id = run_id or new_run_id("rm")
+    preflight_task(config)  # fail fast, naming the component that is down
     data = prepare_preferences(config)
     mlflow_run = start_tracking(config, run_id, "rm", data["version"])
     try:

@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger
 from rlpipe.config import RunConfig, settings
 from rlpipe.runs import new_run_id, write_summary
 from tasks.data import prepare_dataset
+from tasks.preflight import preflight_task
 from tasks.sft import train_sft_task
 from tasks.tracking import end_tracking, register_checkpoint, start_tracking
 
@@ -19,6 +20,7 @@ def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
     """Train the policy's starting point; returns the path of the run's summary.json."""
     start = time.perf_counter()
     run_id = run_id or new_run_id("sft")
+    preflight_task(config)  # fail fast, naming the component that is down
     dataset = prepare_dataset(config)
     mlflow_run = start_tracking(config, run_id, "sft", dataset["version"])
     try:

@@ -19,6 +19,7 @@ from rlpipe.runtime import stop_services
 from rlpipe.storage.layout import check_run_id
 from tasks._log import run_logger
 from tasks.data import prepare_dataset
+from tasks.preflight import preflight_task
 from rlpipe.resume import resume_fingerprint
 from tasks.rl import evaluate, read_progress, run_dir, run_state, start_services, state_dir, write_progress
 from tasks.tracking import end_tracking, log_metrics, start_tracking
@@ -76,6 +77,7 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     start = time.perf_counter()
     run_id = check_run_id(run_id or new_run_id("rl"))
     log = run_logger()
+    preflight_task(config)  # fail fast, naming the component that is down
     dataset = prepare_dataset(config)
     progress, changes = _resume_point(config, run_id, dataset["version"], allow_config_change)
     mlflow_run = start_tracking(config, run_id, "rl", dataset["version"])

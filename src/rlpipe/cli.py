@@ -175,6 +175,7 @@ def run_cmd(
 ) -> None:
     """RL training (one Prefect flow run per iteration); the same --run-id resumes (from the object store when
     this machine has no state). Prints summary.json's path last."""
+    from rlpipe.doctor import PreflightError
     from rlpipe.resume import ResumeRefused
     from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
     from tasks.rl import NonFiniteUpdate
@@ -185,7 +186,7 @@ def run_cmd(
     except ResumeRefused as e:
         typer.echo(f"rlpipe run refused to resume {run_id}: {e}", err=True)
         raise typer.Exit(4) from None
-    except (RewardCircuitOpen, SandboxFloorError, NonFiniteUpdate) as e:  # a guard tripped: say why, no traceback
+    except (RewardCircuitOpen, SandboxFloorError, NonFiniteUpdate, PreflightError) as e:  # a guard tripped: say why
         typer.echo(f"rlpipe run stopped: {e}", err=True)
         raise typer.Exit(3) from None
     _print_rl(summary)
@@ -208,6 +209,30 @@ def _run_rm(cfg: RunConfig, run_id: str | None) -> dict:
 
     path = rm_train(config=cfg, run_id=run_id or "")
     return json.loads(Path(path).read_text()) | {"_path": path}
+
+
+@app.command("doctor")
+def doctor_cmd(
+    config: ConfigArg = None, set_: SetOpt = None,
+    engine: Annotated[bool, typer.Option(help="Start the rollout engine and generate a few tokens (the slow check).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list of the checks instead of lines.")] = False,
+    timeout_s: Annotated[float, typer.Option(help="Seconds each check may take before it counts as failed.")] = 120.0,
+) -> None:
+    """Check every component CONFIG uses (object store, MLflow tracking and registry, Prefect API, rollout
+    engine, verifier/reward-model/environment services, sandbox, DeepSpeed, GPU): one line each, with the
+    fix on failure. Exits 1 when any check fails."""
+    from rlpipe.doctor import format_check, run_checks
+
+    cfg = _load(config, set_)
+    checks = run_checks(cfg, settings(), engine=engine, timeout_s=timeout_s,
+                        progress=None if as_json else (lambda c: typer.echo(format_check(c))))
+    failed = [c.component for c in checks if c.status == "fail"]
+    if as_json:
+        typer.echo(json.dumps([c.as_dict() for c in checks], indent=1))
+    else:
+        typer.echo(f"{len(failed)} of {len(checks)} failed: {', '.join(failed)}" if failed
+                   else f"all {len(checks)} checks passed or skipped")
+    raise typer.Exit(1 if failed else 0)
 
 
 @app.command("rm-train")

@@ -28,18 +28,22 @@ def get_engine(kind: str, model_dir: str | Path, max_model_len: int = 256, seed:
         if engine is not None:
             engine.load_weights(model_dir)
             return engine
-        if kind == "vllm":
-            from rlpipe.rollout.vllm_engine import VLLMEngine
-
-            engine = VLLMEngine(model_dir, max_model_len=max_model_len, seed=seed)
-        elif kind == "hf":
-            from rlpipe.rollout.hf_engine import HFEngine
-
-            engine = HFEngine(model_dir)
-        else:
-            raise ValueError(f"unknown rollout engine {kind!r}; valid: hf, vllm")
+        engine = new_engine(kind, model_dir, max_model_len, seed)
         _ENGINES[key] = engine
         return engine
+
+
+def new_engine(kind: str, model_dir: str | Path, max_model_len: int = 256, seed: int = 0) -> RolloutEngine:
+    """A new engine of its own (not the process's shared one); the caller closes it."""
+    if kind == "vllm":
+        from rlpipe.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_dir, max_model_len=max_model_len, seed=seed)
+    if kind == "hf":
+        from rlpipe.rollout.hf_engine import HFEngine
+
+        return HFEngine(model_dir)
+    raise ValueError(f"unknown rollout engine {kind!r}; valid: hf, vllm")
 
 
 def close_engines() -> None:
