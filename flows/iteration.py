@@ -49,7 +49,10 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start)
     _hacking_alert(config, run_id, iteration, metrics)
     # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
-    Tracker(settings(), config).log_metrics(mlflow_run_id, metrics, iteration)
+    tracker = Tracker(settings(), config)
+    tracker.log_metrics(mlflow_run_id, metrics, iteration)
+    if ev and ev.get("samples"):  # what the policy wrote, next to the numbers: MLflow's Evaluation view
+        tracker.log_table(mlflow_run_id, [{"iteration": iteration} | x for x in ev["samples"]], "generations.json")
     _record(config, run_id, iteration, draws, metrics, u, ev, val, registered, save_point)
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",
@@ -91,7 +94,8 @@ def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, An
     overhead = wall - stages["generate_s"] - stages["verify_s"] - stages["update_s"] - stages["eval_s"]
     metrics = (
         {k: v[k] for k in ("reward_mean", "reward_std", "accuracy", "response_length_mean", "truncated_share")}
-        | {k: v[k] for k in v if k.startswith(("status_", "sandbox/", "verifier/"))}
+        | {k: v[k] for k in v if k.startswith(("status_", "sandbox/", "verifier/", "reward_by_task/"))}
+        | {"reward_length_corr": v.get("reward_length_corr", 0.0)}
         | {k: x for k, x in u["metrics"].items() if k in _UPDATE_METRICS or k.startswith(_UPDATE_PREFIXES)}
         | {f"time/{k}": x for k, x in stages.items()}
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),

@@ -16,11 +16,12 @@ from flows.iteration import iteration
 from rlpipe.config import RunConfig, settings
 from rlpipe.runs import new_run_id, write_summary
 from rlpipe.runtime import stop_services
+from rlpipe.resume import resume_fingerprint
 from rlpipe.storage.layout import check_run_id
+from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
 from tasks.data import prepare_dataset
 from tasks.preflight import preflight_task
-from rlpipe.resume import resume_fingerprint
 from tasks.rl import evaluate, read_progress, run_dir, run_state, start_services, state_dir, write_progress
 from tasks.tracking import end_tracking, log_metrics, start_tracking
 
@@ -109,6 +110,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
                                    "base_tool_calls_per_episode": base.get("tool_calls_per_episode")}
             write_progress(run_id, progress)
             log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"], "validation_accuracy": val["accuracy"]}, -1)
+            if mlflow_run and base.get("samples"):  # the base policy's generations: iteration -1 of the table
+                Tracker(settings(), config).log_table(mlflow_run, [{"iteration": -1} | x for x in base["samples"]], "generations.json")
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
                      val["accuracy"], val["n"])
         for k in range(first, config.train.total_iterations):

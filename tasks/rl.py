@@ -437,6 +437,9 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
             "readback_tensors": float(getattr(svc.engine, "last_readback", 0))} | proof
 
 
+EVAL_SAMPLES = 8  # generations of each held-out evaluation kept for MLflow's table
+
+
 @task(name="evaluate", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
 def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, Any]:
     """Greedy answers of the policy the engine holds now on ``split``, judged by each row's verifier:
@@ -459,7 +462,9 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
     verdicts = svc.pool.score([VerifyItem(r["task"], o[0].text, svc.ground_truth[r["id"]]) for r, o in zip(rows, outs)])
     ok = [v.reward for v in verdicts if v.status == "ok"]
     out = {"accuracy": sum(1 for x in ok if x == 1.0) / max(len(rows), 1), "true_score": sum(ok) / len(ok) if ok else None,
-           "rm_score": None, "n": len(rows)}
+           "rm_score": None, "n": len(rows),
+           "samples": [{"prompt": r["prompt"], "response": o[0].text, "ground_truth": svc.ground_truth[r["id"]],
+                        "status": v.status, "reward": v.reward} for r, o, v in list(zip(rows, outs, verdicts))[:EVAL_SAMPLES]]}
     if svc.reward_model is not None:
         from rlpipe.rewards.model import RMItem
 

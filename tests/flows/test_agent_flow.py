@@ -3,6 +3,7 @@ vLLM plays whole calculator episodes, stores each one's steps and loss mask, che
 update, and logs the episode metrics to MLflow."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,10 @@ def test_two_iterations_of_episodes_on_vllm(agent_run):
                 "heldout_accuracy", "heldout_mean_steps", "heldout_tool_calls_per_episode"):
         assert key in run.data.metrics, key
     assert any(k.startswith("episode/length/") for k in run.data.metrics)
+    assert "episode/tool_use_share" in run.data.metrics
+    gens = json.loads(Path(Tracker(settings(), cfg).client.download_artifacts(run.info.run_id, "generations.json")).read_text())
+    turns = [r[gens["columns"].index("response")] for r in gens["data"]]
+    assert len(turns) == 3 * 8 and all(" → " in t for t in turns)  # base, iterations 0 and 1: each episode's turns
 
 
 def test_an_agent_run_killed_mid_iteration_resumes_to_the_same_weights(agent_run):

@@ -75,9 +75,14 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
     run = tracker.client.get_run(summary["mlflow_run_id"])
     for key in ("reward_mean", "reward_std", "accuracy", "status_ok", "status_timeout", "kl_coef", "entropy", "clip_frac",
                 "grad_norm", "response_length_mean", "time/generate_s", "time/update_s", "time/overhead_share",
-                "throughput/generate_tokens_per_s", "heldout_accuracy"):
+                "throughput/generate_tokens_per_s", "heldout_accuracy", "reward_by_task/test_even", "reward_length_corr",
+                "advantage/p10", "advantage/p90", "advantage/zero_share", "ratio/max"):
         assert key in run.data.metrics, key
     assert [m.step for m in tracker.client.get_metric_history(run.info.run_id, "reward_mean")] == [0, 1]
+    gens = json.loads(Path(tracker.client.download_artifacts(run.info.run_id, "generations.json")).read_text())
+    iters = [r[gens["columns"].index("iteration")] for r in gens["data"]]
+    assert iters == [-1] * 8 + [0] * 8 + [1] * 8  # the base and each evaluation: 8 held-out generations each
+    assert {"prompt", "response", "ground_truth", "status", "reward"} <= set(gens["columns"])
 
 
 def _cli(args: list[str], env_extra: dict[str, str], api_url: str) -> subprocess.CompletedProcess:

@@ -86,3 +86,27 @@ def test_flat_batch_alert_can_be_turned_off_for_dynamic_sampling():
     flat = table([row("a", 1.0), row("a", 1.0)])
     assert any("no learning signal" in a for a in batch_metrics(flat)[1])
     assert batch_metrics(flat, flat_batch_alert=False)[1] == []
+
+
+def test_reward_per_task_and_its_correlation_with_length_by_hand():
+    rows = [row("a", 1.0, 6), row("a", 0.0, 2), row("b", 1.0, 4), row("b", None, 9, status="timeout")]
+    rows[2]["verifier"] = "code"
+    m, _ = batch_metrics(table(rows))
+    assert m["reward_by_task/math"] == 0.5 and m["reward_by_task/code"] == 1.0  # the timeout is in neither
+    # rewards (1, 0, 1), lengths (6, 2, 4): r = cov / (sd sd) = (2/3) / (sqrt(2/9) * sqrt(8/3)) = sqrt(3) / 2
+    assert m["reward_length_corr"] == pytest.approx(math.sqrt(3) / 2)
+    assert batch_metrics(table([row("a", 1.0, 3), row("a", 0.0, 3)]))[0]["reward_length_corr"] == 0.0  # one length
+
+
+def test_the_advantage_distribution_by_hand():
+    import torch
+
+    from rlpipe.algorithms.functional import masked_stats
+
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [4.0, 0.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    st = masked_stats(x, mask)  # the values 0, 1, 2, 3, 4, 0
+    assert st["mean"] == pytest.approx(10 / 6) and (st["min"], st["max"]) == (0.0, 4.0)
+    assert st["p50"] == pytest.approx(1.5) and st["p10"] == pytest.approx(0.0) and st["p90"] == pytest.approx(3.5)
+    assert st["zero_share"] == pytest.approx(2 / 6)
+    assert masked_stats(x, torch.zeros_like(mask))["p90"] == 0.0

@@ -37,12 +37,15 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 
 def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """mean / std / min / max of ``x`` where ``mask`` is 1 (empty mask: zeros)."""
+    """The distribution of ``x`` where ``mask`` is 1: mean / std / min / max, the 10th / 50th / 90th
+    percentiles (linear interpolation) and the share of exact zeros (empty mask: all zeros)."""
     vals = x[mask > 0].double()
     if vals.numel() == 0:
-        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+        return {k: 0.0 for k in ("mean", "std", "min", "max", "p10", "p50", "p90", "zero_share")}
+    q = torch.quantile(vals, torch.tensor([0.1, 0.5, 0.9], dtype=vals.dtype))
     return {"mean": float(vals.mean()), "std": float(vals.std(unbiased=False)), "min": float(vals.min()),
-            "max": float(vals.max())}
+            "max": float(vals.max()), "p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2]),
+            "zero_share": float((vals == 0).double().mean())}
 
 
 def logprob_gap(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, threshold: float) -> dict[str, float]:

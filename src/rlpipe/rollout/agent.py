@@ -94,4 +94,12 @@ def agent_evaluate(engine: RolloutEngine, tokenizer: Any, agent: Any, rows: list
     return {"accuracy": m["episode/success_share"], "true_score": m["episode/reward_mean"], "rm_score": None, "n": len(rows),
             "mean_steps": m["episode/steps_mean"], "tool_calls_per_episode": m["episode/tool_calls_per_episode"],
             "error_share": m["episode/error_share"], "truncated_share": m["episode/truncated_share"],
-            "sample": json.dumps(out[0].episode.record()[:4]) if out else None}
+            "sample": json.dumps(out[0].episode.record()[:4]) if out else None,
+            "samples": [_sample(r, o.episode) for r, o in list(zip(rows, out))[:8]]}
+
+
+def _sample(row: dict[str, Any], episode: Any) -> dict[str, Any]:
+    """One evaluated episode as a table row: the task, the turns, the verdict."""
+    turns = " | ".join(f"{s['action']} → {s['observation']}" for s in episode.record())
+    return {"prompt": row["prompt"], "response": turns, "ground_truth": None, "status": episode.status,
+            "reward": episode.reward if episode.status == "ok" else None}

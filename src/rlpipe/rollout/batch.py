@@ -173,6 +173,24 @@ def table_to_samples(table: pa.Table, step_rewards: bool = False) -> list[Sample
     return out
 
 
+def reward_by_task(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``reward_by_task/<verifier>``: the mean scored reward of each task (the verifier that judged it)."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r["reward_status"] == "ok":
+            by.setdefault(r["verifier"] or "unknown", []).append(r["reward"])
+    return {f"reward_by_task/{k}": statistics.fmean(v) for k, v in sorted(by.items())}
+
+
+def reward_length_corr(rows: list[dict[str, Any]]) -> float:
+    """Pearson correlation of reward and response length over the scored rows (0 when either is constant):
+    a reward that grows with length alone is a sign of reward hacking."""
+    pairs = [(r["reward"], len(r["response_token_ids"])) for r in rows if r["reward_status"] == "ok"]
+    if len(pairs) < 2 or len({p[0] for p in pairs}) < 2 or len({p[1] for p in pairs}) < 2:
+        return 0.0
+    return statistics.correlation([float(p[0]) for p in pairs], [float(p[1]) for p in pairs])
+
+
 def batch_metrics(table: pa.Table, flat_batch_alert: bool = True) -> tuple[dict[str, float], list[str]]:
     """Reward statistics, status shares and response lengths of a scored batch, plus alerts.
 
@@ -191,6 +209,7 @@ def batch_metrics(table: pa.Table, flat_batch_alert: bool = True) -> tuple[dict[
     }
     signal = group_signal(rows)
     metrics |= {"groups": float(len(signal)), "groups_with_signal": float(sum(signal.values()))}
+    metrics |= reward_by_task(rows) | {"reward_length_corr": reward_length_corr(rows)}
     alerts = []
     if flat_batch_alert and ok and len(set(ok)) == 1:
         alerts.append(f"all {len(ok)} scored rewards equal {ok[0]:g}: no learning signal in this batch")

@@ -129,6 +129,11 @@ class Tracker:
         if items:
             self.client.log_batch(mlflow_run_id, metrics=items)
 
+    def log_table(self, mlflow_run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """Append ``rows`` (same keys each) to the run's table ``artifact_file`` (MLflow's Evaluation view)."""
+        if rows:
+            self.client.log_table(mlflow_run_id, {k: [r[k] for r in rows] for k in rows[0]}, artifact_file)
+
     def log_artifact(self, mlflow_run_id: str, path: str) -> None:
         self.client.log_artifact(mlflow_run_id, path)
 
