@@ -9,6 +9,7 @@ from prefect import flow
 
 from rlpipe.config import RunConfig, settings
 from rlpipe.tracking.mlflow_utils import Tracker
+from rlpipe.tracking.resources import monitor
 from tasks._log import run_logger
 from tasks.rl import (
     evaluate, fault_point, read_progress, rollout, run_state, sync_weights, update, upload_checkpoint, verify, write_progress,
@@ -30,24 +31,30 @@ def _due(iteration: int, every: int, last: int) -> bool:
 
 @flow(name="rl-iteration", flow_run_name="{run_id}-iter-{iteration}")
 def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str, dataset_version: str) -> dict[str, Any]:
-    start = time.perf_counter()
+    start, mon = time.perf_counter(), monitor()
+    mark = mon.begin()
     last = config.train.total_iterations - 1
     draws = _draws(config, run_id, iteration)
-    u = update(config, run_id, iteration, [dv for _, dv in draws])
-    s = sync_weights(config, run_id, iteration, u)
+    with mon.stage("update"):
+        u = update(config, run_id, iteration, [dv for _, dv in draws])
+    with mon.stage("sync"):
+        s = sync_weights(config, run_id, iteration, u)
     ev, val = None, None
     if _due(iteration, config.train.eval_interval, last):
-        ev, val = evaluate(config, run_id, "test"), evaluate(config, run_id, "validation")
+        with mon.stage("eval"):
+            ev, val = evaluate(config, run_id, "test"), evaluate(config, run_id, "validation")
     registered = None
     save_point = _due(iteration, config.train.save_interval, last)
     if save_point:
-        ck = upload_checkpoint(config, run_id, iteration, u)
-        registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
-                                         aliases=("latest",), accuracy=val["accuracy"] if val else None,
-                                         test_accuracy=ev["accuracy"] if ev else None)
+        with mon.stage("save"):
+            ck = upload_checkpoint(config, run_id, iteration, u)
+            registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
+                                             aliases=("latest",), accuracy=val["accuracy"] if val else None,
+                                             test_accuracy=ev["accuracy"] if ev else None)
         fault_point(iteration, "register")
-    metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start)
+    metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start) | mon.metrics(mark)
     _hacking_alert(config, run_id, iteration, metrics)
+    _memory_alert(config, run_id, iteration, metrics)
     # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
     tracker = Tracker(settings(), config)
     tracker.log_metrics(mlflow_run_id, metrics, iteration)
@@ -69,8 +76,10 @@ def _draws(config: RunConfig, run_id: str, iteration: int) -> list[tuple[dict[st
     with_signal = 0.0
     norm = (read_progress(run_id) or {}).get("reward_norm")  # RLHF: the normaliser after the last iteration
     for draw in range(1 + (config.rollout.max_extra_draws if config.rollout.dynamic_sampling else 0)):
-        r = rollout(config, run_id, iteration, draw)
-        v = verify(config, run_id, iteration, r, draw, reward_norm=norm)
+        with monitor().stage("generate"):
+            r = rollout(config, run_id, iteration, draw)
+        with monitor().stage("verify"):
+            v = verify(config, run_id, iteration, r, draw, reward_norm=norm)
         norm = v.get("reward_norm", norm)
         draws.append((r, v))
         with_signal += v.get("groups_with_signal", 0.0)
@@ -133,6 +142,20 @@ def _hacking_alert(config: RunConfig, run_id: str, iteration: int, metrics: dict
     true = [h["heldout_true_score"] for h in past] + [metrics["heldout_true_score"]]
     alert = reward_hacking(rm, true, config.reward.hacking_window)
     metrics["alerts/reward_hacking"] = float(alert is not None)
+    if alert:
+        metrics["alerts"] = metrics.get("alerts", 0.0) + 1
+        run_logger().warning("ALERT iteration %d: %s", iteration, alert)
+
+
+def _memory_alert(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
+    """Memory that grows at every iteration for a while is a leak until shown otherwise."""
+    from rlpipe.tracking.resources import memory_growth
+
+    past = [h["resource/rss_bytes"] for h in (read_progress(run_id) or {}).get("history", [])
+            if h["iteration"] < iteration and "resource/rss_bytes" in h]
+    alert = memory_growth(past + [metrics["resource/rss_bytes"]], config.alerts.memory_growth_iterations,
+                          config.alerts.memory_growth_mb * 2**20)
+    metrics["alerts/memory_growth"] = float(alert is not None)
     if alert:
         metrics["alerts"] = metrics.get("alerts", 0.0) + 1
         run_logger().warning("ALERT iteration %d: %s", iteration, alert)

@@ -125,6 +125,9 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
         stop_services(run_id)
     progress = read_progress(run_id) or {}
     summary = _summary(config, run_id, dataset, mlflow_run, progress, services, time.perf_counter() - start)
+    cost = ("cpu_s_total", "cpu_s_per_iteration", "cpu_s_per_heldout_point", "gpu_s_total", "gpu_s_per_heldout_point")
+    log_metrics(config, mlflow_run, {f"cost/{k}": float(summary[k]) for k in cost if summary.get(k) is not None},
+                max(summary["iterations_done"] - 1, 0))
     end_tracking(config, mlflow_run)
     path = write_summary(settings(), run_id, summary)
     log.info("summary: %s", path)
@@ -211,6 +214,7 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "registered_model": {"name": config.registered_model, "version": progress.get("last_registered")},
         "final_policy_version": progress.get("weights_sha256"),
         **(_agent_summary(config, progress, history) if config.agent is not None else {}),
+        **_cost(history, progress),
         "engine": services.get("engine"),
         "sandbox_level": services.get("sandbox_level"),
         "stage_seconds": breakdown,
@@ -222,6 +226,22 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "wall_s": round(wall_s, 2),
     }
 
+
+
+def _cost(history: list[dict[str, Any]], progress: dict[str, Any]) -> dict[str, Any]:
+    """What the iterations cost: CPU-seconds (GPU-seconds where present) in all, per iteration and per held-out
+    point gained (None when nothing was gained), and bytes written to the object store."""
+    cpu = sum(h.get("resource/cpu_s", 0.0) for h in history)
+    gpu = sum(h.get("resource/gpu_s", 0.0) for h in history)
+    base, final = progress.get("base_accuracy"), progress.get("final_accuracy")
+    points = (final - base) * 100 if base is not None and final is not None else None
+    out = {"cpu_s_total": round(cpu, 1), "cpu_s_per_iteration": round(cpu / max(len(history), 1), 2),
+           "cpu_s_per_heldout_point": round(cpu / points, 1) if points and points > 0 else None,
+           "store_bytes_written": int(sum(h.get("store/bytes_written", 0.0) for h in history)),
+           "peak_rss_bytes": int(max((h.get("resource/rss_bytes", 0.0) for h in history), default=0.0))}
+    if gpu:
+        out |= {"gpu_s_total": round(gpu, 1), "gpu_s_per_heldout_point": round(gpu / points, 1) if points and points > 0 else None}
+    return out
 
 
 def _agent_summary(config: RunConfig, progress: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:

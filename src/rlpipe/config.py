@@ -551,6 +551,14 @@ class AgentConfig(_Strict):
         return self.env.model_copy(update={"limits": limits})
 
 
+class AlertsConfig(_Strict):
+    """Alert rules: each fires as an MLflow metric ``alerts/<rule>`` and an ``ALERT`` line in the run's log."""
+
+    memory_growth_iterations: int = Field(5, ge=2, description="Memory growth: RSS rose at each of this many "
+                                          "iterations in a row …")
+    memory_growth_mb: float = Field(256.0, gt=0, description="… and by more than this many MiB in all.")
+
+
 class RunConfig(_Strict):
     """Everything that defines a run. Its fingerprint identifies the experiment."""
 
@@ -565,6 +573,7 @@ class RunConfig(_Strict):
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Object store for runs.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     agent: AgentConfig | None = Field(None, description="Multi-step agentic RL in an environment; null: single-turn.")
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Alert rules on a run's metrics.")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
 
     @model_validator(mode="after")

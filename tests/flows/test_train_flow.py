@@ -53,6 +53,7 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
     assert 0.0 <= summary["heldout_accuracy_base"] <= 1.0 and summary["heldout_accuracy_final"] is not None
     assert set(summary["stage_seconds"]) >= {"generate_s", "verify_s", "update_s", "sync_s", "overhead_s"}
     assert Path(summary["reward_curve_png"]).stat().st_size > 1000
+    assert summary["cpu_s_total"] > 0 and summary["peak_rss_bytes"] > 2**28 and summary["store_bytes_written"] > 2**20
 
     store = open_store()
     base_sha = file_weights_sha256(tiny_checkpoint)
@@ -76,7 +77,9 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
     for key in ("reward_mean", "reward_std", "accuracy", "status_ok", "status_timeout", "kl_coef", "entropy", "clip_frac",
                 "grad_norm", "response_length_mean", "time/generate_s", "time/update_s", "time/overhead_share",
                 "throughput/generate_tokens_per_s", "heldout_accuracy", "reward_by_task/test_even", "reward_length_corr",
-                "advantage/p10", "advantage/p90", "advantage/zero_share", "ratio/max"):
+                "advantage/p10", "advantage/p90", "advantage/zero_share", "ratio/max", "resource/cpu_s", "resource/rss_bytes",
+                "resource/rss_peak_bytes/generate", "resource/rss_peak_bytes/update", "store/bytes_written",
+                "alerts/memory_growth", "cost/cpu_s_total", "cost/cpu_s_per_iteration"):
         assert key in run.data.metrics, key
     assert [m.step for m in tracker.client.get_metric_history(run.info.run_id, "reward_mean")] == [0, 1]
     gens = json.loads(Path(tracker.client.download_artifacts(run.info.run_id, "generations.json")).read_text())

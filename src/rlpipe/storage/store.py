@@ -18,6 +18,7 @@ import io
 import json
 import os
 import posixpath
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,6 +42,15 @@ class StageNotFound(FileNotFoundError):
 
 class StageCorrupt(IOError):
     """A part named by the manifest is missing or differs from what the manifest recorded."""
+
+
+_WRITTEN = [0]  # bytes this process has written to any object store (resource metrics read the delta)
+_WRITTEN_LOCK = threading.Lock()
+
+
+def bytes_written() -> int:
+    """Bytes this process has written through :class:`ObjectStore` so far (all stores, all keys)."""
+    return _WRITTEN[0]
 
 
 class ObjectStore:
@@ -78,6 +88,8 @@ class ObjectStore:
         else:
             # An S3 PUT is atomic: the object appears whole or not at all.
             self.fs.pipe_file(path, data)
+        with _WRITTEN_LOCK:
+            _WRITTEN[0] += len(data)
 
     def get_bytes(self, key: str) -> bytes:
         try:

@@ -1,0 +1,166 @@
+"""Resource metrics of a run, per iteration and per stage: CPU-seconds and RSS of this process and its
+children, peak memory per stage, GPU memory (and utilisation where NVML is installed), bytes written to
+the object store; and the memory-growth alert over a run's history.
+
+A daemon thread samples the process tree every ``interval_s`` and keeps each stage's peak; stages are
+named by the caller (``with monitor.stage("update"): …``). CPU-seconds count the process, its live
+children and the children it has reaped; a grandchild reaped by its own parent is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+
+from rlpipe.storage.store import bytes_written
+
+__all__ = ["ResourceMonitor", "monitor", "memory_growth"]
+
+
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return [proc]
+
+
+def tree_cpu_s(proc: psutil.Process) -> float:
+    """User + system CPU-seconds of ``proc``, its reaped children and its live descendants."""
+    total = 0.0
+    for p in _tree(proc):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # gone between listing and reading
+            continue
+        total += t.user + t.system + (t.children_user + t.children_system if p is proc else 0.0)
+    return total
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in _tree(proc):
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+class ResourceMonitor:
+    def __init__(self, interval_s: float = 0.2, pid: int | None = None):
+        self.proc = psutil.Process(pid or os.getpid())
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._stage: str | None = None
+        self._peaks: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        rss = tree_rss(self.proc)
+        with self._lock:
+            if self._stage is not None:
+                self._peaks[self._stage] = max(self._peaks.get(self._stage, 0), rss)
+
+    def _loop(self) -> None:
+        while True:
+            self._sample()
+            time.sleep(self.interval_s)
+
+    def start(self) -> "ResourceMonitor":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rlpipe-resources", daemon=True)
+            self._thread.start()
+        return self
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Track the peak RSS (and, on CUDA, the peak allocated GPU memory) while the block runs."""
+        cuda = _cuda()
+        if cuda:
+            cuda.reset_peak_memory_stats()
+        with self._lock:
+            self._stage = name
+        self._sample()
+        try:
+            yield
+        finally:
+            self._sample()
+            gpu = cuda.max_memory_allocated() if cuda else None
+            with self._lock:
+                self._stage = None
+                if gpu is not None:
+                    self._peaks[f"gpu:{name}"] = max(self._peaks.get(f"gpu:{name}", 0), gpu)
+
+    def begin(self) -> dict[str, float]:
+        """A mark to measure an iteration from; clears the stage peaks."""
+        with self._lock:
+            self._peaks.clear()
+        return {"t": time.perf_counter(), "cpu_s": tree_cpu_s(self.proc), "bytes": float(bytes_written())}
+
+    def metrics(self, mark: dict[str, float]) -> dict[str, float]:
+        """The iteration's resource metrics since ``mark``."""
+        wall = max(time.perf_counter() - mark["t"], 1e-9)
+        cpu = tree_cpu_s(self.proc) - mark["cpu_s"]
+        out = {"resource/cpu_s": cpu, "resource/cpu_util": cpu / wall / (os.cpu_count() or 1),
+               "resource/rss_bytes": float(tree_rss(self.proc)), "store/bytes_written": bytes_written() - mark["bytes"]}
+        with self._lock:
+            for stage, peak in self._peaks.items():
+                kind, _, name = stage.rpartition(":")
+                out[f"resource/{'gpu_mem' if kind else 'rss'}_peak_bytes/{name}"] = float(peak)
+        return out | _gpu_metrics(wall)
+
+
+def _cuda() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda if torch.cuda.is_available() else None
+
+
+def _gpu_metrics(wall: float) -> dict[str, float]:
+    """GPU-seconds (wall × GPUs in use) and, with NVML installed, utilisation and memory of each GPU."""
+    cuda = _cuda()
+    if not cuda:
+        return {}
+    out = {"resource/gpu_s": wall * cuda.device_count()}
+    try:
+        import pynvml
+    except ImportError:
+        return out
+    pynvml.nvmlInit()
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        out[f"resource/gpu{i}_util"] = float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu) / 100
+        out[f"resource/gpu{i}_mem_bytes"] = float(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+    return out
+
+
+_MONITOR: ResourceMonitor | None = None
+
+
+def monitor() -> ResourceMonitor:
+    """The process's monitor, started on first use."""
+    global _MONITOR
+    if _MONITOR is None:
+        _MONITOR = ResourceMonitor().start()
+    return _MONITOR
+
+
+def memory_growth(rss: Sequence[float], iterations: int, min_growth_bytes: float) -> str | None:
+    """An alert when RSS rose at every one of the last ``iterations`` iterations and by more than
+    ``min_growth_bytes`` in all: a leak looks like this, a warm-up plateau does not."""
+    last = list(rss)[-(iterations + 1):]
+    if len(last) < iterations + 1 or any(b <= a for a, b in zip(last, last[1:])):
+        return None
+    grew = last[-1] - last[0]
+    if grew <= min_growth_bytes:
+        return None
+    return (f"memory grew at each of the last {iterations} iterations, by {grew / 2**20:.0f} MiB in all "
+            f"(now {last[-1] / 2**30:.2f} GiB): a leak? see resource/rss_peak_bytes/* for the stage")
