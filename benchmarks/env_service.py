@@ -96,7 +96,7 @@ def main() -> None:
             args.episodes, args.clients)
     measure(f"service, {args.workers} sandboxes, {args.clients} clients", lambda: remote_env(spec, url), spec,
             args.episodes, args.clients)
-    print("service /metrics:", httpx.get(f"{url}/metrics").json())
+    print("service /stats:", httpx.get(f"{url}/stats").json())
     server.should_exit = True
 
 

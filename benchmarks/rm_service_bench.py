@@ -102,7 +102,7 @@ def main() -> None:
                 print(f"clients {clients:>2} × batch {batch:>3}: {rows[-1]['items_per_s']:.0f} items/s", file=sys.stderr)
             import httpx
 
-            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").json()
+            metrics = httpx.get(f"http://127.0.0.1:{port}/stats").json()
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(20)

@@ -127,7 +127,7 @@ def main() -> None:
         load = subprocess.run([sys.executable, "-c", LOAD, url, str(a.seconds), str(a.clients), str(a.batch)],
                               capture_output=True, text=True, timeout=a.seconds + 120)
         result["service"] = json.loads(load.stdout) | {"clients": a.clients, "batch": a.batch}
-        result["service_metrics"] = httpx.get(f"{url}/metrics").json()
+        result["service_metrics"] = httpx.get(f"{url}/stats").json()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(10)

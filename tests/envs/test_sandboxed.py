@@ -17,6 +17,7 @@ from rlpipe.envs import EnvLimits, EnvSpec, Episode, load_env_spec
 from rlpipe.envs.sandboxed import EnvFailure, SandboxOptions, remote_env, sandboxed_env
 from rlpipe.sandbox import isolation_report
 from tests.envs import hostile  # noqa: F401 - registers "hostile" on this side too
+from tests.helpers.prom import histogram_ok, scrape
 from tests.helpers.s3server import free_port
 from tests.helpers.waiting import wait_healthy
 
@@ -163,18 +164,22 @@ def test_service_health_and_an_episode(service):
     assert ep.act("calc(1234*5678)") == "=7006652"
     assert ep.act("answer(7006652)") is None
     assert ep.status == "ok" and ep.reward == 1.0
-    m = httpx.get(f"{url}/metrics").json()
+    m = httpx.get(f"{url}/stats").json()
     assert m["resets"] >= 1 and m["steps"] >= 2 and m["latency_p50_s"] > 0 and m["env_step_p99_s"] is not None
+    prom = scrape(url)
+    assert prom["rlpipe_env_up"] == 1.0 and prom["rlpipe_env_steps_total"] == m["steps"] and prom["rlpipe_env_in_flight"] == 0
+    assert histogram_ok(prom, "rlpipe_env_request_seconds") == m["requests"]
+    assert histogram_ok(prom, "rlpipe_env_step_seconds") >= m["steps"]  # the environment's own time per call
 
 
 def test_service_failure_is_the_episodes_error_and_the_service_goes_on(service):
     svc, url = service
-    before = httpx.get(f"{url}/metrics").json()["failures"]
+    before = httpx.get(f"{url}/stats").json()["failures"]
     ep = Episode(remote_env(HOSTILE, url), {}, 0, EnvLimits())
     ep.start()
     assert ep.act("hang:") is None
     assert ep.status == "error" and "step_timeout_s" in ep.reason
-    m = httpx.get(f"{url}/metrics").json()
+    m = httpx.get(f"{url}/stats").json()
     assert m["failures"] == before + 1 and m["timeouts"] >= 1
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
@@ -205,7 +210,7 @@ def test_service_bounds_its_concurrency(service):
     for t in threads:
         t.join()
     assert sorted(codes) == [200, 200, 200, 429]
-    assert httpx.get(f"{url}/metrics").json()["rejected"] >= 1
+    assert httpx.get(f"{url}/stats").json()["rejected"] >= 1
 
 
 def test_service_down_is_an_error_episode():

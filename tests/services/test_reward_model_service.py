@@ -14,6 +14,7 @@ import pytest
 
 from rlpipe.rewards.model import RemoteRewardModel, RMItem
 from rlpipe.training.reward_model import RewardScorer, encode_response
+from tests.helpers.prom import histogram_ok, scrape
 from tests.helpers.s3server import free_port
 from tests.helpers.waiting import wait_healthy
 
@@ -97,10 +98,14 @@ def test_concurrent_requests_are_micro_batched(served):
         time.sleep(0.05)
     for t in ts:
         t.join()
-    m = httpx.get(f"{url}/metrics").json()
+    m = httpx.get(f"{url}/stats").json()
     assert results == [200, 200, 200]
     assert m["batches"] < 3 and m["mean_batch_items"] > 4  # the second and third request shared a batch
     assert m["latency_p50_s"] > 0 and m["items"] == 12
+    prom = scrape(url)
+    assert prom["rlpipe_reward_model_up"] == 1.0 and prom["rlpipe_reward_model_items_total"] == 12
+    assert prom["rlpipe_reward_model_batches_total"] == m["batches"] and prom["rlpipe_reward_model_mean_batch_items"] > 4
+    assert histogram_ok(prom, "rlpipe_reward_model_request_seconds") == m["requests"] == 3
 
 
 def test_a_full_queue_answers_429_and_a_slow_answer_times_out(served):
@@ -124,7 +129,7 @@ def test_a_full_queue_answers_429_and_a_slow_answer_times_out(served):
     call(timeout_s=0.2)  # waits behind nothing but the slow scorer: runs out
     assert codes[-1] == 200 and bodies[-1]["results"][0]["status"] == "timeout"
     assert "no answer within 0.2 s" in bodies[-1]["results"][0]["reason"]
-    m = httpx.get(f"{url}/metrics").json()
+    m = httpx.get(f"{url}/stats").json()
     assert m["rejected"] >= 2 and m["timeouts"] == 1
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from rlpipe.rewards.pool import VerifyItem
 from rlpipe.rewards.remote import RemoteVerifier
+from tests.helpers.prom import histogram_ok, scrape
 from tests.helpers.s3server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,8 +66,15 @@ def test_health_verify_and_metrics(service):
     assert got == [("ok", 1.0), ("ok", 0.0), ("timeout", None), ("error", None)]
     assert all("isolation" in x for x in r.json()["results"])
     assert httpx.post(f"{service}/verify", json={"itemz": []}).status_code == 422  # bad input is named, not scored
-    m = httpx.get(f"{service}/metrics").json()
+    m = httpx.get(f"{service}/stats").json()
     assert m["requests"] >= 1 and m["items"] >= 4 and m["latency_p50_s"] > 0 and m["worker_restarts"] >= 1
+    prom = scrape(service)  # the same numbers for Prometheus
+    assert prom["rlpipe_verifier_up"] == 1.0
+    m = httpx.get(f"{service}/stats").json()
+    assert prom["rlpipe_verifier_requests_total"] == m["requests"] and prom["rlpipe_verifier_items_total"] == m["items"]
+    assert prom["rlpipe_verifier_worker_restarts_total"] == m["worker_restarts"] >= 1
+    assert prom["rlpipe_verifier_queue"] == 0 and "rlpipe_verifier_errors_total" in prom
+    assert histogram_ok(prom, "rlpipe_verifier_request_seconds") == m["requests"]
 
 
 def test_client_scores_through_the_service(service):
@@ -90,7 +98,7 @@ def test_full_queue_answers_429_not_collapse(tmp_path):
             t.join(60)
         assert codes.count(429) >= 3 and codes.count(200) >= 2, codes
         assert httpx.get(f"{url}/health").json()["status"] == "ok"  # still serving
-        assert httpx.get(f"{url}/metrics").json()["rejected"] == codes.count(429)
+        assert httpx.get(f"{url}/stats").json()["rejected"] == codes.count(429)
         # A request that cannot be answered in time gets 'timeout' per item, not an error.
         r = httpx.post(f"{url}/verify", json=slow | {"timeout_s": 0.3}, timeout=30).json()
         assert r["results"][0]["status"] == "timeout"
@@ -131,7 +139,7 @@ def test_a_request_that_times_out_does_not_stop_the_service(tmp_path):
         r = httpx.post(f"{url}/verify", json=ok, timeout=30).json()
         assert [(x["status"], x["reward"]) for x in r["results"]] == [("ok", 1.0), ("ok", 0.0)]
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
-        m = httpx.get(f"{url}/metrics").json()
+        m = httpx.get(f"{url}/stats").json()
         assert m["timeouts"] == 2 and m["dispatch_errors"] == 0 and m["abandoned"] >= 1, m
         # Without timeout_s a request is given what its batch declares: the sleeper is judged by the pool.
         r = httpx.post(f"{url}/verify", json={"items": sleepy["items"]}, timeout=30).json()

@@ -1,6 +1,7 @@
-"""What rlpipe's HTTP services share: counters with latency percentiles, handing a result to a
-request that may have given up already, and the app skeleton (``/health``, ``/metrics``, the 429 of a full
-queue, serving until stopped). fastapi and uvicorn are imported only when an app is built or served."""
+"""What rlpipe's HTTP services share: counters with latency percentiles and histograms, handing a result
+to a request that may have given up already, and the app skeleton (``/health``; ``/metrics`` in the
+Prometheus text format and ``/stats``, the same numbers as one JSON object; the 429 of a full queue;
+serving until stopped). fastapi, uvicorn and prometheus_client are imported only when an app is built."""
 
 from __future__ import annotations
 
@@ -10,12 +11,22 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 
+# Latency histogram buckets (seconds): a 1 ms verdict to a 2-minute batch.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Snapshot keys that only ever grow: Prometheus counters (``…_total``); every other number is a gauge.
+COUNTER_KEYS = frozenset({"requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items",
+                          "failures", "resets", "steps", "batches", "worker_restarts"})
+
+
 class Counters:
-    """Named integer counters and a window of request latencies, safe across threads."""
+    """Named integer counters, a window of latencies (for percentiles) and a cumulative latency histogram
+    (for Prometheus), safe across threads."""
 
     def __init__(self, *names: str, window: int = 4096):
         self.lock = threading.Lock()
         self.latencies: deque = deque(maxlen=window)
+        self.bucket_counts = [0] * len(BUCKETS)
+        self.latency_sum, self.latency_count = 0.0, 0
         for n in names:
             setattr(self, n, 0)
 
@@ -27,6 +38,17 @@ class Counters:
     def latency(self, seconds: float) -> None:
         with self.lock:
             self.latencies.append(seconds)
+            self.latency_sum += seconds
+            self.latency_count += 1
+            for i, bound in enumerate(BUCKETS):
+                if seconds <= bound:
+                    self.bucket_counts[i] += 1
+
+    def histogram(self) -> tuple[list[tuple[str, int]], float, int]:
+        """Cumulative ``(upper bound, count)`` pairs ending with ``+Inf``, the sum and the count."""
+        with self.lock:
+            pairs = [(repr(b), c) for b, c in zip(BUCKETS, self.bucket_counts)]
+            return pairs + [("+Inf", self.latency_count)], self.latency_sum, self.latency_count
 
     def percentile(self, q: float) -> float | None:
         with self.lock:
@@ -45,14 +67,47 @@ def settle(fut: Future, result: Any = None, exception: BaseException | None = No
         pass
 
 
-def service_app(title: str, service: Any):
-    """A FastAPI app with the ``/health`` and ``/metrics`` every rlpipe service answers (from
-    ``service.health()`` and ``service.metrics()``); the caller adds its work endpoint."""
-    from fastapi import FastAPI
+class _ServiceCollector:
+    """A service's numbers for Prometheus, read at scrape time: its ``metrics()`` snapshot (counters and
+    gauges), ``up`` from its ``health()``, and a histogram per ``histograms()`` entry."""
 
+    def __init__(self, name: str, service: Any):
+        self.name, self.service = name, service
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        prefix = f"rlpipe_{self.name}"
+        yield GaugeMetricFamily(f"{prefix}_up", "1 when /health says ok, else 0",
+                                value=float(self.service.health().get("status") == "ok"))
+        for key, value in self.service.metrics().items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or key.endswith(("_p50_s", "_p99_s")):
+                continue  # latency percentiles: the histograms carry them
+            family = CounterMetricFamily if key in COUNTER_KEYS else GaugeMetricFamily
+            yield family(f"{prefix}_{key}", f"{self.name} service: {key.replace('_', ' ')}", value=float(value))
+        for hist, counters in self.service.histograms().items():
+            buckets, total, _ = counters.histogram()
+            yield HistogramMetricFamily(f"{prefix}_{hist}", f"{self.name} service: {hist.replace('_', ' ')}",
+                                        buckets=buckets, sum_value=total)
+
+
+def service_app(title: str, name: str, service: Any):
+    """A FastAPI app with the ``/health``, ``/metrics`` (Prometheus text) and ``/stats`` (JSON) every rlpipe
+    service answers, from ``service.health()``, ``service.metrics()`` and ``service.histograms()``; the
+    caller adds its work endpoint. ``name`` prefixes the Prometheus names: ``rlpipe_<name>_…``."""
+    from fastapi import FastAPI, Response
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ServiceCollector(name, service))
     app = FastAPI(title=title, version="1")
     app.get("/health")(service.health)
-    app.get("/metrics")(service.metrics)
+    app.get("/stats")(service.metrics)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     return app
 
 

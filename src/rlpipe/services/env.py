@@ -4,8 +4,10 @@ Endpoints:
   GET  /health   → {"status", "envs", "sandbox", "in_flight", "workers", "max_queue", "step_timeout_s"}
   POST /reset    {"spec", "task", "seed"}                        → {"observation", "env_s"}
   POST /step     {"spec", "task", "seed", "actions", "seen"}     → {"observation", "reward", "done", "info", "env_s"}
-  GET  /metrics  → requests, rejected (429), failures, timeouts, resets, steps, in flight,
+  GET  /stats    → requests, rejected (429), failures, timeouts, resets, steps, in flight,
                    latency p50/p99 (s), environment step time p50/p99 (s)
+  GET  /metrics  → the same numbers in the Prometheus text format (rlpipe_<service>_…: counters, gauges,
+                   up, request-latency histograms)
 
 The service is stateless: a step carries the episode so far (its task, seed, actions and the
 observations seen) and is answered by replaying it in a fresh sandbox (:mod:`rlpipe.envs.sandboxed`),
@@ -69,6 +71,9 @@ class EnvService:
         return {"status": "ok", "envs": env_names(), "sandbox": isolation_report()["level"], "in_flight": self.in_flight,
                 "workers": self.workers, "max_queue": self.max_queue, "step_timeout_s": self.options.step_timeout_s}
 
+    def histograms(self) -> dict[str, Counters]:
+        return {"request_seconds": self.stats, "step_seconds": self.env_times}
+
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return {"requests": s.requests, "rejected": s.rejected, "failures": s.failures, "timeouts": s.timeouts,
@@ -98,7 +103,7 @@ def create_app(service: EnvService):
 
     from rlpipe.envs import EnvSpec
 
-    app = service_app("rlpipe environments", service)
+    app = service_app("rlpipe environments", "env", service)
 
     def answer(req: ResetRequest, actions: list[str], seen: list[str]) -> dict[str, Any]:
         service.stats.add(requests=1, resets=int(not actions), steps=int(bool(actions)))

@@ -4,8 +4,10 @@ Endpoints:
   GET  /health   → {"status": "ok"|"degraded", "version", "reward_stats", "queue", "max_queue"}
   POST /score    {"items": [{"prompt", "response", "chat"?} | {"input_ids": [...]}], "timeout_s"?}
                  → {"results": [{"score", "status", "reason", "rm_version"}]}
-  GET  /metrics  → requests, rejected (429), errors, timeouts, items, batches, mean batch size,
+  GET  /stats    → requests, rejected (429), errors, timeouts, items, batches, mean batch size,
                    latency p50/p99 (s), queue length
+  GET  /metrics  → the same numbers in the Prometheus text format (rlpipe_<service>_…: counters, gauges,
+                   up, request-latency histograms)
 
 Requests wait in a bounded queue (429 when full). One scorer thread takes every request waiting
 (up to ``max_batch_items`` items) and scores them as one forward batch: concurrent requests are
@@ -112,6 +114,9 @@ class RewardModelService:
                 "weights_sha256": self.scorer.weights_sha256, "reward_stats": self.scorer.stats,
                 "queue": self._queue.qsize(), "max_queue": self.max_queue}
 
+    def histograms(self) -> dict[str, Counters]:
+        return {"request_seconds": self.stats}
+
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
@@ -153,7 +158,7 @@ def _answer(service: RewardModelService, job: _Job, wait: float) -> list[dict[st
 def create_app(service: RewardModelService):
     from fastapi import HTTPException
 
-    app = service_app("rlpipe reward model", service)
+    app = service_app("rlpipe reward model", "reward_model", service)
 
     @app.post("/score")
     def score(req: ScoreRequest) -> dict[str, Any]:

@@ -4,8 +4,10 @@ Endpoints:
   GET  /health   → {"status": "ok"|"degraded", "workers", "alive", "queue", "max_queue"}
   POST /verify   {"items": [{"verifier", "response", "ground_truth"}], "timeout_s"?} → {"results": [...]}
                  each result: {"reward", "status", "reason", "isolation"}
-  GET  /metrics  → requests, rejected (429), errors, timeouts, abandoned, dispatch_errors, items,
+  GET  /stats    → requests, rejected (429), errors, timeouts, abandoned, dispatch_errors, items,
                    latency p50/p99 (s), queue length, worker restarts
+  GET  /metrics  → the same numbers in the Prometheus text format (rlpipe_<service>_…: counters, gauges,
+                   up, request-latency histograms)
 
 Bounded everything: the pool has a fixed number of worker processes (each sample's hard deadline
 is its verifier's declared budget plus ``grace_s``); requests wait in a bounded queue and are
@@ -139,6 +141,9 @@ class VerifierService:
         return {"status": "ok" if alive else "degraded", "workers": self.pool.size, "alive": alive,
                 "queue": self._queue.qsize(), "max_queue": self.max_queue}
 
+    def histograms(self) -> dict[str, Counters]:
+        return {"request_seconds": self.stats}
+
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
@@ -193,7 +198,7 @@ def _answer(service: VerifierService, job: Job, timeout_s: float | None) -> list
 def create_app(service: VerifierService):
     from fastapi import HTTPException
 
-    app = service_app("rlpipe verifier", service)
+    app = service_app("rlpipe verifier", "verifier", service)
 
     @app.post("/verify")
     def verify(req: VerifyRequest) -> dict[str, Any]:
