@@ -8,6 +8,7 @@ from typing import Any
 from prefect import flow
 
 from rlpipe.config import RunConfig, settings
+from rlpipe.services import calls
 from rlpipe.tracking.mlflow_utils import Tracker
 from rlpipe.tracking.resources import monitor
 from tasks._log import run_logger
@@ -33,6 +34,7 @@ def _due(iteration: int, every: int, last: int) -> bool:
 def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str, dataset_version: str) -> dict[str, Any]:
     start, mon = time.perf_counter(), monitor()
     mark = mon.begin()
+    calls.drain()  # the services' calls of this iteration only
     last = config.train.total_iterations - 1
     draws = _draws(config, run_id, iteration)
     with mon.stage("update"):
@@ -52,7 +54,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
                                              aliases=("latest",), accuracy=val["accuracy"] if val else None,
                                              test_accuracy=ev["accuracy"] if ev else None)
         fault_point(iteration, "register")
-    metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start) | mon.metrics(mark)
+    metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start) | mon.metrics(mark) | calls.drain()
     _hacking_alert(config, run_id, iteration, metrics)
     _memory_alert(config, run_id, iteration, metrics)
     # A direct call, not a task: per-iteration logging should not pay for a task run of its own.

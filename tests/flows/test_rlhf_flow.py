@@ -96,10 +96,11 @@ def test_two_ppo_rlhf_iterations_score_with_the_reward_model(reward_model, tiny_
 
 
 def test_reward_model_service_down_skips_samples(reward_model, tiny_checkpoint, monkeypatch):
-    from tests.helpers.s3server import free_port
+    """The reward-model service passed the preflight, then died: samples are skipped, never scored 0."""
+    from tests.helpers.gone import gone_after_preflight
 
     _, rm = reward_model
-    monkeypatch.setenv("RLPIPE_REWARD_MODEL_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("RLPIPE_REWARD_MODEL_URL", gone_after_preflight())
     sets = _rl_sets(tiny_checkpoint, rm["registered_model"]["version"], 1) + ["reward.weights={}", "reward.normalize=false"]
     summary = invoke(["run", "--run-id", "rlhf-rm-down"] + [x for s in sets for x in ("--set", s)])
     rows = open_store().read_stage(stage_prefix("rlhf-rm-down", 0, "verify"), schema=TRAJECTORY_SCHEMA).to_pylist()

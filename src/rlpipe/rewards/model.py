@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlpipe.rewards.base import VerifyResult
+from rlpipe.services import calls
 
 __all__ = ["LocalRewardModel", "RMItem", "RemoteRewardModel", "RewardModelSource", "mix_rewards", "reward_hacking"]
 
@@ -89,7 +90,7 @@ class RemoteRewardModel:
         delay = 0.5
         for attempt in range(self.retries + 1):
             try:
-                r = httpx.post(f"{self.url}/score", json=body, timeout=self.timeout_s + 10)
+                r = calls.post("reward_model", f"{self.url}/score", json=body, timeout=self.timeout_s + 10)
             except httpx.TimeoutException:
                 self.last_problem = f"reward-model service {self.url} gave no answer within {self.timeout_s + 10:g} s"
                 return [VerifyResult(None, "timeout", self.last_problem)] * len(items)

@@ -12,6 +12,7 @@ from typing import Any
 
 from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifyItem
+from rlpipe.services import calls
 
 
 class RemoteVerifier:
@@ -54,7 +55,7 @@ class RemoteVerifier:
         delay = 0.5
         for attempt in range(self.retries + 1):
             try:
-                r = httpx.post(f"{self.url}/verify", json=body, timeout=self.timeout_s + 10)
+                r = calls.post("verifier", f"{self.url}/verify", json=body, timeout=self.timeout_s + 10)
             except httpx.TimeoutException:
                 self.last_problem = f"{self.url} did not answer within {self.timeout_s + 10:g} s"
                 return [VerifyResult(None, "timeout", self.last_problem)] * len(items)
