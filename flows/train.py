@@ -94,6 +94,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             config.task.ref_model = _local_model(ref_spec, config)
         if critic_spec:
             config.train.critic.model = _local_model(critic_spec, config)
+    sysmon = (Tracker(settings(), config).system_metrics(mlflow_run, config.tracking.system_metrics_s)
+              if mlflow_run and config.tracking.system_metrics_s else None)
     try:
         services = start_services(config, run_id, dataset, model_dir, resume_dir)
         _check_reward_model(run_id, progress, services, allow_config_change)
@@ -123,6 +125,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
         raise
     finally:
         stop_services(run_id)
+        if sysmon:
+            sysmon.finish()
     progress = read_progress(run_id) or {}
     summary = _summary(config, run_id, dataset, mlflow_run, progress, services, time.perf_counter() - start)
     cost = ("cpu_s_total", "cpu_s_per_iteration", "cpu_s_per_heldout_point", "gpu_s_total", "gpu_s_per_heldout_point")

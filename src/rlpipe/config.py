@@ -463,6 +463,9 @@ class TrackingConfig(_Strict):
     registered_model: str | None = Field(
         None, description="Registry name for checkpoints; default: 'rlpipe-<task.name>'."
     )
+    system_metrics_s: float | None = Field(
+        10.0, gt=0, description="MLflow system metrics (system/cpu_utilization_percentage, memory, disk, network, "
+        "GPU) sampled every this many seconds while an RL run trains; null: off.")
 
     @field_validator("uri")
     @classmethod

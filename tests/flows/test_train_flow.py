@@ -46,7 +46,7 @@ def invoke(args: list[str]) -> dict:
 
 
 def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, even_task):
-    sets = rl_overrides(tiny_checkpoint, "rle2e", "vllm", even_task)
+    sets = rl_overrides(tiny_checkpoint, "rle2e", "vllm", even_task) + ["tracking.system_metrics_s=2"]
     args = ["run", "--run-id", "rl-e2e"] + [x for s in sets for x in ("--set", s)]
     summary = invoke(args)
     assert summary["iterations_done"] == 2 and summary["engine"] == "vllm" and summary["heldout_n"] == 40
@@ -82,6 +82,7 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
                 "alerts/memory_growth", "cost/cpu_s_total", "cost/cpu_s_per_iteration"):
         assert key in run.data.metrics, key
     assert [m.step for m in tracker.client.get_metric_history(run.info.run_id, "reward_mean")] == [0, 1]
+    assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's own system metrics, every 2 s
     gens = json.loads(Path(tracker.client.download_artifacts(run.info.run_id, "generations.json")).read_text())
     iters = [r[gens["columns"].index("iteration")] for r in gens["data"]]
     assert iters == [-1] * 8 + [0] * 8 + [1] * 8  # the base and each evaluation: 8 held-out generations each

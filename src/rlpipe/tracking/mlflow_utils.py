@@ -129,6 +129,14 @@ class Tracker:
         if items:
             self.client.log_batch(mlflow_run_id, metrics=items)
 
+    def system_metrics(self, mlflow_run_id: str, interval_s: float) -> Any:
+        """MLflow's own system-metrics monitor on this run (a thread); call ``.finish()`` to stop and flush it."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(mlflow_run_id, sampling_interval=interval_s, tracking_uri=self.uri)
+        monitor.start()
+        return monitor
+
     def log_table(self, mlflow_run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
         """Append ``rows`` (same keys each) to the run's table ``artifact_file`` (MLflow's Evaluation view)."""
         if rows:
