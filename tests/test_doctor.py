@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_config, settings
-from rlpipe.doctor import Check, PreflightError, _one, preflight
+from rlpipe.doctor import PreflightError, _one, preflight
 from tests.helpers.s3server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,8 @@ def test_a_hung_or_crashing_check_is_that_components_failure():
     assert (hung.status, hung.detail) == ("fail", "no answer in 0.5 s") and hung.seconds < 5
     crash = _one("bad", lambda c, st: 1 / 0, cfg, s, timeout_s=5)
     assert crash.status == "fail" and "ZeroDivisionError" in crash.detail
-    assert isinstance(_one("fine", lambda c, st: "fine", cfg, s, 5), Check)
+    fine = _one("fine", lambda c, st: "all good", cfg, s, 5)
+    assert (fine.component, fine.status, fine.detail, fine.fix) == ("fine", "ok", "all good", "")
 
 
 def test_preflight_fails_fast_naming_the_component(tmp_path, monkeypatch):

@@ -21,13 +21,14 @@ def test_run_params_and_metrics(cfg):
     tracker = Tracker(settings(), cfg)
     rid = tracker.start_run(cfg, "run-a", "sft", dataset_version="d" * 64)
     assert tracker.start_run(cfg, "run-a", "sft") == rid  # resuming finds the same MLflow run
-    tracker.log_metrics(rid, {"loss": 0.5, "nan": float("nan"), "flag": True}, step=3)
+    tracker.log_metrics(rid, {"loss": 0.5, "nan": float("nan"), "flag": True, "reward_by_task/rm+exact": 0.25}, step=3)
     run = tracker.client.get_run(rid)
     assert run.data.params["train.lr"] == str(cfg.train.lr)
     assert run.data.params["config_fingerprint"] == cfg.fingerprint()
     assert run.data.params["dataset_version"] == "d" * 64
     # A non-finite value is logged as it is (never dropped: a NaN loss must be seen); a bool is no metric.
     assert run.data.metrics["loss"] == 0.5 and math.isnan(run.data.metrics["nan"]) and "flag" not in run.data.metrics
+    assert run.data.metrics["reward_by_task/rm_exact"] == 0.25  # a name MLflow refuses is made one it takes
     assert tracker.uri.startswith("sqlite:///") and str(settings().home) in tracker.uri
 
 

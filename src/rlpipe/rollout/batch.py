@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -180,8 +179,7 @@ def reward_by_task(rows: list[dict[str, Any]]) -> dict[str, float]:
     for r in rows:
         if r["reward_status"] == "ok":
             by.setdefault(r["verifier"] or "unknown", []).append(r["reward"])
-    # MLflow metric names take letters, digits and _ - . : / and spaces: "rm+exact" is logged as "rm_exact".
-    return {f"reward_by_task/{re.sub(r'[^A-Za-z0-9_.:-]', '_', k)}": statistics.fmean(v) for k, v in sorted(by.items())}
+    return {f"reward_by_task/{k}": statistics.fmean(v) for k, v in sorted(by.items())}
 
 
 def reward_length_corr(rows: list[dict[str, Any]]) -> float:

@@ -15,6 +15,7 @@ number, whatever run made it), so rlpipe's ``latest`` is stored as the alias ``l
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,9 @@ def mlflow_ui_command(s: Settings) -> str:
     if uri.startswith("sqlite:") or uri.startswith("file:"):
         return f"mlflow ui --backend-store-uri {uri} --default-artifact-root {s.artifact_root} --port 5000"
     return f"open {uri}"
+
+
+_METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-. :/]")  # what MLflow refuses in a metric name
 
 
 class Tracker:
@@ -121,8 +125,9 @@ class Tracker:
 
         now = int(time.time() * 1000)
         # NaN and ±inf are logged as they are (MLflow stores them): a non-finite loss must be seen.
+        # Names built from user-given parts (a verifier "rm+exact") keep only the characters MLflow takes.
         items = [
-            Metric(k, float(v), now, step)
+            Metric(_METRIC_NAME.sub("_", k), float(v), now, step)
             for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
