@@ -55,11 +55,12 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
                                              test_accuracy=ev["accuracy"] if ev else None)
         fault_point(iteration, "register")
     metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start) | mon.metrics(mark) | calls.drain()
-    _hacking_alert(config, run_id, iteration, metrics)
-    _memory_alert(config, run_id, iteration, metrics)
+    fired = _alerts(config, run_id, iteration, metrics)
     # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
     tracker = Tracker(settings(), config)
     tracker.log_metrics(mlflow_run_id, metrics, iteration)
+    if fired:
+        tracker.log_table(mlflow_run_id, [{"iteration": iteration} | a.as_dict() for a in fired], "alerts.json")
     if ev and ev.get("samples"):  # what the policy wrote, next to the numbers: MLflow's Evaluation view
         tracker.log_table(mlflow_run_id, [{"iteration": iteration} | x for x in ev["samples"]], "generations.json")
     _record(config, run_id, iteration, draws, metrics, u, ev, val, registered, save_point)
@@ -69,7 +70,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         f", held-out {ev['accuracy']:.3f}" if ev else "", metrics.get("loss", float("nan")), metrics["time/iteration_s"],
         100 * metrics["time/overhead_share"],
     )
-    return {"iteration": iteration, "metrics": metrics, "registered": registered}
+    return {"iteration": iteration, "metrics": metrics, "registered": registered, "alerts": [a.as_dict() for a in fired]}
 
 
 def _draws(config: RunConfig, run_id: str, iteration: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -132,35 +133,18 @@ def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, An
     return metrics
 
 
-def _hacking_alert(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
-    """Reward hacking made visible: the held-out reward-model score rising while the true score falls."""
-    from rlpipe.rewards.model import reward_hacking
+def _alerts(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float]) -> list:
+    """The config's alert rules on this iteration (``alerts/<rule>`` metrics, an ALERT line each); the
+    batch's own alerts (a flat batch, unscorable samples) are already counted in ``alerts``."""
+    from rlpipe.alerts import evaluate
 
-    if "heldout_rm_score" not in metrics or "heldout_true_score" not in metrics:
-        return
-    past = [h for h in (read_progress(run_id) or {}).get("history", [])
-            if h["iteration"] < iteration and "heldout_rm_score" in h and "heldout_true_score" in h]
-    rm = [h["heldout_rm_score"] for h in past] + [metrics["heldout_rm_score"]]
-    true = [h["heldout_true_score"] for h in past] + [metrics["heldout_true_score"]]
-    alert = reward_hacking(rm, true, config.reward.hacking_window)
-    metrics["alerts/reward_hacking"] = float(alert is not None)
-    if alert:
-        metrics["alerts"] = metrics.get("alerts", 0.0) + 1
-        run_logger().warning("ALERT iteration %d: %s", iteration, alert)
-
-
-def _memory_alert(config: RunConfig, run_id: str, iteration: int, metrics: dict[str, float]) -> None:
-    """Memory that grows at every iteration for a while is a leak until shown otherwise."""
-    from rlpipe.tracking.resources import memory_growth
-
-    past = [h["resource/rss_bytes"] for h in (read_progress(run_id) or {}).get("history", [])
-            if h["iteration"] < iteration and "resource/rss_bytes" in h]
-    alert = memory_growth(past + [metrics["resource/rss_bytes"]], config.alerts.memory_growth_iterations,
-                          config.alerts.memory_growth_mb * 2**20)
-    metrics["alerts/memory_growth"] = float(alert is not None)
-    if alert:
-        metrics["alerts"] = metrics.get("alerts", 0.0) + 1
-        run_logger().warning("ALERT iteration %d: %s", iteration, alert)
+    history = [h for h in (read_progress(run_id) or {}).get("history", []) if h["iteration"] < iteration]
+    fired, flags = evaluate(config, metrics, history)
+    metrics |= flags
+    metrics["alerts"] = metrics.get("alerts", 0.0) + len(fired)
+    for a in fired:
+        run_logger().warning("ALERT iteration %d [%s %s]: %s", iteration, a.severity, a.rule, a.message)
+    return fired
 
 
 def _record(config: RunConfig, run_id: str, iteration: int, draws: list, metrics: dict[str, float], u: dict[str, Any],

@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
+from prefect.states import Cancelled, State
 
 from flows.iteration import iteration
 from rlpipe.config import RunConfig, settings
@@ -20,6 +22,7 @@ from rlpipe.resume import resume_fingerprint
 from rlpipe.storage.layout import check_run_id
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
+from tasks.alerts import cancel_requested, raise_alerts
 from tasks.data import prepare_dataset
 from tasks.preflight import preflight_task
 from tasks.rl import evaluate, read_progress, run_dir, run_state, start_services, state_dir, write_progress
@@ -70,7 +73,7 @@ def _resume_point(config: RunConfig, run_id: str, dataset_version: str, allow_ch
 
 
 @flow(name="rl-train", flow_run_name="{run_id}")
-def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change: bool = False) -> str:
+def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change: bool = False) -> str | State:
     """Train with RL; returns the path of the run's summary.json.
 
     The same run id resumes (see :mod:`rlpipe.resume`); a changed config or dataset is refused unless
@@ -117,9 +120,13 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
                      val["accuracy"], val["n"])
         for k in range(first, config.train.total_iterations):
+            if reason := cancel_requested(flow_run.id):  # the UI, the CLI or an automation, between iterations
+                return _cancelled(config, run_id, mlflow_run, k - 1, reason)
             t0 = time.perf_counter()
-            out = iteration(config, run_id, k, mlflow_run, dataset["version"])
+            out = _iteration(config, run_id, k, mlflow_run, dataset["version"])
             _account_outer_time(config, run_id, k, mlflow_run, out["metrics"], time.perf_counter() - t0)
+            if reason := raise_alerts(config, run_id, k, out["alerts"]):
+                return _cancelled(config, run_id, mlflow_run, k, reason)
     except BaseException:
         end_tracking(config, mlflow_run, "FAILED")
         raise
@@ -136,6 +143,34 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     path = write_summary(settings(), run_id, summary)
     log.info("summary: %s", path)
     return str(path)
+
+
+def _iteration(config: RunConfig, run_id: str, k: int, mlflow_run: str, dataset_version: str) -> dict[str, Any]:
+    """One iteration flow run; a guard that stops the run (non-finite updates, the reward circuit breaker)
+    is raised as an alert first, so that it reaches people and automations, not only the log."""
+    from rlpipe.alerts import guard_alert
+    from rlpipe.rewards.guards import RewardCircuitOpen
+    from tasks.rl import NonFiniteUpdate
+
+    try:
+        return iteration(config, run_id, k, mlflow_run, dataset_version)
+    except (NonFiniteUpdate, RewardCircuitOpen) as e:
+        rule = "nonfinite_loss" if isinstance(e, NonFiniteUpdate) else "verifier_errors"
+        if alert := guard_alert(config, rule, f"the run stopped: {e}"):
+            try:
+                raise_alerts(config, run_id, k, [alert.as_dict()])
+            except Exception as err:  # noqa: BLE001 - the guard's own error is the one to raise
+                run_logger().warning("could not emit the %s alert: %s", rule, err)
+        raise
+
+
+def _cancelled(config: RunConfig, run_id: str, mlflow_run: str, last: int, reason: str) -> State:
+    """The run stops resumably: its MLflow run is marked KILLED, its flow run ends Cancelled."""
+    msg = (f"run {run_id} cancelled after iteration {last} ({reason}); its progress is saved: "
+           f"resume with `rlpipe run --run-id {run_id}`")
+    run_logger().warning(msg)
+    end_tracking(config, mlflow_run, "KILLED")
+    return Cancelled(message=msg)
 
 
 def _check_reward_model(run_id: str, progress: dict[str, Any], services: dict[str, Any], allow_change: bool) -> None:

@@ -28,6 +28,12 @@ __all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "re
 
 # Keys a resume may change without being a different experiment.
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
+# Sections that watch a run without steering it (alert thresholds, severities): free to change on a resume.
+OPERATIONAL_PREFIXES = ("alerts.",)
+
+
+def _steers(key: str) -> bool:
+    return key not in EXTENDABLE_KEYS and not key.startswith(OPERATIONAL_PREFIXES)
 _STATE_DONE = "_state_complete.json"
 
 
@@ -37,13 +43,13 @@ class ResumeRefused(RuntimeError):
 
 def resume_fingerprint(config: RunConfig) -> str:
     """The fingerprint a resume and a stored stage must match: the config without the extendable keys."""
-    flat = {k: v for k, v in config.flat().items() if k not in EXTENDABLE_KEYS}
+    flat = {k: v for k, v in config.flat().items() if _steers(k)}
     return hashlib.sha256(canonical_json(flat).encode()).hexdigest()
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old → new`` for every dotted key that differs, extendable keys left out."""
-    keys = sorted((set(old) | set(new)) - EXTENDABLE_KEYS)
+    """``key: old → new`` for every dotted key that differs, extendable and operational keys left out."""
+    keys = sorted(k for k in set(old) | set(new) if _steers(k))
     return [f"{k}: {old.get(k, '<absent>')!r} → {new.get(k, '<absent>')!r}" for k in keys if old.get(k) != new.get(k)]
 
 

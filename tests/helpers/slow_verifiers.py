@@ -38,3 +38,9 @@ def flaky(response: str, ground_truth: str | None) -> VerifyResult:
     if os.path.exists(broken_flag()):
         return VerifyResult(None, "error", "reference store unreachable (test flag set)")
     return VerifyResult(float(len(response) % 2 == 0), "ok")
+
+
+@register_verifier("test_zero", version="1")
+def zero(response: str, ground_truth: str | None) -> VerifyResult:
+    """A reward no policy can earn: every batch is flat at 0 (the reward_flat alert's deliberate trigger)."""
+    return VerifyResult(0.0, "ok")

@@ -1,0 +1,121 @@
+"""Alerts as Prefect events, the automations that act on them, and a run that honours a cancel.
+
+An alert (:mod:`rlpipe.alerts`) becomes the event ``rlpipe.alert.<rule>`` about the resource
+``rlpipe.run.<run id>``, labelled with its rule and severity, related to the ``rl-train`` flow run
+(so ``cancel-flow-run`` with an inferred source cancels the run) and, through Prefect's run context,
+to its flow, deployment and work pool. ``infra/prefect/automations.yaml`` holds the automations
+``rlpipe automations install`` puts on the server.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlpipe.config import RunConfig
+from tasks._log import run_logger
+
+AUTOMATIONS_FILE = Path(__file__).resolve().parents[1] / "infra" / "prefect" / "automations.yaml"
+EVENT_PREFIX = "rlpipe.alert."
+
+
+def emit_alerts(run_id: str, iteration: int, alerts: list[dict[str, Any]], flow_run_id: str | None) -> list[str]:
+    """One Prefect event per alert; returns the events' ids (none when no API accepts events)."""
+    from prefect.events import emit_event
+
+    ids = []
+    related = [{"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}] \
+        if flow_run_id else None
+    for a in alerts:
+        ev = emit_event(
+            event=f"{EVENT_PREFIX}{a['rule']}",
+            resource={"prefect.resource.id": f"rlpipe.run.{run_id}", "prefect.resource.name": run_id,
+                      "rlpipe.rule": a["rule"], "rlpipe.severity": a["severity"]},
+            related=related,
+            payload={"iteration": iteration, "message": a["message"], "value": a["value"], "severity": a["severity"]},
+        )
+        if ev is not None:
+            ids.append(str(ev.id))
+    return ids
+
+
+def cancel_requested(flow_run_id: str | None) -> str | None:
+    """The reason when this flow run was set to Cancelling/Cancelled (an automation, the UI, the CLI)."""
+    if not flow_run_id:
+        return None
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
+        return state.message or state.name
+    return None
+
+
+def _automations_listening() -> bool:
+    """Whether an enabled automation on the server expects rlpipe alert events (else nothing will act)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        autos = client.read_automations()
+    return any(a.enabled and any(e.startswith(EVENT_PREFIX.rstrip(".")) for e in getattr(a.trigger, "expect", ()) or ())
+               for a in autos)
+
+
+def raise_alerts(config: RunConfig, run_id: str, iteration: int, alerts: list[dict[str, Any]]) -> str | None:
+    """Emit the iteration's alerts as events; after a critical one, wait up to ``alerts.critical_grace_s``
+    for an automation to cancel this run. Returns the cancellation's reason, or None to go on."""
+    from prefect.runtime import flow_run
+
+    if not alerts or not config.alerts.events:
+        return None
+    me = flow_run.id
+    ids = emit_alerts(run_id, iteration, alerts, me)
+    run_logger().info("iteration %d: %d alert event(s) emitted (%s)", iteration, len(ids),
+                      ", ".join(f"{a['severity']} {a['rule']}" for a in alerts))
+    if not any(a["severity"] == "critical" for a in alerts) or not config.alerts.critical_grace_s:
+        return None
+    try:
+        if not _automations_listening():
+            run_logger().warning("critical alert, but no enabled automation on the server acts on rlpipe alerts: "
+                                 "the run goes on (install them: rlpipe automations install)")
+            return None
+    except Exception as e:  # noqa: BLE001 - no API (a bare `python -m`): nothing can act
+        run_logger().warning("could not read the server's automations (%s): the run goes on", e)
+        return None
+    deadline = time.monotonic() + config.alerts.critical_grace_s
+    while time.monotonic() < deadline:
+        if reason := cancel_requested(me):
+            return reason
+        time.sleep(0.5)
+    return None
+
+
+def install_automations(path: Path = AUTOMATIONS_FILE) -> list[tuple[str, str]]:
+    """Create or update (by name) every automation in ``path`` on the current Prefect API; returns
+    (name, "created" | "updated") pairs. Repeatable: a second install changes nothing but the definitions."""
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.events.schemas.automations import AutomationCore
+
+    data = yaml.safe_load(Path(path).read_text())
+    items = data.get("automations") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{path}: expected a top-level 'automations:' list of automations")
+    done = []
+    with get_client(sync_client=True) as client:
+        for k, item in enumerate(items):
+            try:
+                auto = AutomationCore.model_validate(item)
+            except Exception as e:
+                raise ValueError(f"{path}: automation #{k} ({item.get('name', '?')}) is not valid: {e}") from None
+            existing = client.read_automations_by_name(auto.name)
+            if existing:
+                client.update_automation(existing[0].id, auto)
+                done.append((auto.name, "updated"))
+            else:
+                client.create_automation(auto)
+                done.append((auto.name, "created"))
+    return done

@@ -1,0 +1,117 @@
+"""Each alert rule fires on the metrics that should fire it, stays quiet just inside its threshold and is
+left out when the run lacks its inputs; the hand-made cases here are also fired on a real Prefect server
+(tests/flows/test_alert_automations.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlpipe.alerts import RULES, evaluate, guard_alert
+from rlpipe.config import RunConfig
+
+BASE = {"reward_mean": 0.4, "reward_std": 0.3, "status_ok": 1.0}
+
+
+def cfg(**alerts) -> RunConfig:
+    return RunConfig.model_validate({"alerts": alerts})
+
+
+def hist(*rows: dict) -> list[dict]:
+    return [{"iteration": k} | BASE | r for k, r in enumerate(rows)]
+
+
+# rule -> (config overrides, history, metrics that fire it, metrics just inside the threshold)
+CASES = {
+    "reward_flat": ({"reward_flat": {"for_iterations": 2}}, hist({"reward_mean": 0.0, "reward_std": 0.0}),
+                    {"reward_mean": 0.0, "reward_std": 0.0, "status_ok": 1.0},
+                    {"reward_mean": 1.0, "reward_std": 0.0, "status_ok": 1.0}),  # all 1 after all 0: not one streak
+    "kl_high": ({}, [], {"kl": 0.51}, {"kl": 0.5}),
+    "entropy_collapse": ({"entropy_collapse": {"window": 3, "drop": 0.5}},
+                         hist({"entropy": 2.0, "reward_mean": 0.2}, {"entropy": 1.5, "reward_mean": 0.3}),
+                         {"entropy": 0.99, "reward_mean": 0.5}, {"entropy": 1.0, "reward_mean": 0.5}),
+    "nonfinite_loss": ({}, [], {"nonfinite_steps": 1.0, "loss": 0.3}, {"nonfinite_steps": 0.0, "loss": 0.3}),
+    "verifier_errors": ({}, [], {"status_ok": 0.85}, {"status_ok": 0.9}),
+    "throughput_drop": ({}, hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0))),
+                        {"throughput/generate_tokens_per_s": 49.0}, {"throughput/generate_tokens_per_s": 50.0}),
+    "memory_growth": ({"memory_growth": {"iterations": 2, "mb": 100}},
+                      hist({"resource/rss_bytes": 1000 * 2**20}, {"resource/rss_bytes": 1050 * 2**20}),
+                      {"resource/rss_bytes": 1101 * 2**20}, {"resource/rss_bytes": 1100 * 2**20}),
+    "mismatch": ({}, [], {"mismatch/share_above": 0.11}, {"mismatch/share_above": 0.1}),
+    "reward_hacking": ({}, hist({"heldout_rm_score": 0.1, "heldout_true_score": 0.6},
+                                {"heldout_rm_score": 0.3, "heldout_true_score": 0.5}),
+                       {"heldout_rm_score": 0.5, "heldout_true_score": 0.4},
+                       {"heldout_rm_score": 0.5, "heldout_true_score": 0.6}),
+}
+
+
+def test_every_rule_has_a_case_and_a_config_section():
+    assert set(CASES) == set(RULES)
+    assert all(hasattr(RunConfig().alerts, r) for r in RULES)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_fires_and_stays_quiet_inside_its_threshold(rule):
+    overrides, history, firing, quiet = CASES[rule]
+    config = cfg(**overrides)
+    fired, flags = evaluate(config, BASE | firing, history)
+    mine = [a for a in fired if a.rule == rule]
+    assert len(mine) == 1 and flags[f"alerts/{rule}"] == 1.0, (fired, flags)
+    assert mine[0].severity == getattr(config.alerts, rule).severity and mine[0].message
+    fired, flags = evaluate(config, BASE | quiet, history)
+    assert rule not in {a.rule for a in fired} and flags[f"alerts/{rule}"] == 0.0
+
+
+def test_hand_computed_values_and_messages():
+    fired, _ = evaluate(cfg(), BASE | {"throughput/generate_tokens_per_s": 49.0},
+                        hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0))))
+    (a,) = fired
+    assert a.value == pytest.approx(0.49) and "median 100" in a.message  # median of 80, 100, 120
+    fired, _ = evaluate(cfg(entropy_collapse={"window": 3}), BASE | {"entropy": 0.5, "reward_mean": 0.5},
+                        hist({"entropy": 2.0, "reward_mean": 0.2}, {"entropy": 1.5, "reward_mean": 0.3}))
+    assert fired[0].value == pytest.approx(0.75) and "2.000 → 0.500" in fired[0].message
+    # KL against an adaptive target: kl_target × factor, not max_kl.
+    c = RunConfig.model_validate({"train": {"kl_coef": 0.01, "kl_target": 0.02}, "alerts": {"kl_high": {"factor": 2}}})
+    assert [a.rule for a in evaluate(c, BASE | {"kl": 0.041}, [])[0]] == ["kl_high"]
+    assert evaluate(c, BASE | {"kl": 0.04}, [])[0] == []
+    fired, _ = evaluate(cfg(), BASE | {"nonfinite_steps": 0.0, "loss": math.nan}, [])
+    assert [a.rule for a in fired] == ["nonfinite_loss"] and fired[0].severity == "critical"
+    # A service's own error rate counts too, and the message names the service.
+    fired, _ = evaluate(cfg(), BASE | {"service/verifier/error_rate": 0.5}, [])
+    assert fired[0].rule == "verifier_errors" and "service verifier" in fired[0].message
+
+
+def test_flat_rewards_need_a_streak_of_the_same_value():
+    c = cfg(reward_flat={"for_iterations": 3})
+    flat0 = {"reward_mean": 0.0, "reward_std": 0.0}
+    assert evaluate(c, BASE | flat0, hist(flat0, flat0))[0][0].value == 3.0
+    assert evaluate(c, BASE | flat0, hist(flat0, {}))[1]["alerts/reward_flat"] == 0.0  # streak broken
+    # An all-equal batch of 0.5s is not "all 0 or all 1"; a batch nothing could score is not flat either.
+    assert evaluate(c, BASE | {"reward_mean": 0.5, "reward_std": 0.0}, hist(flat0, flat0))[0] == []
+    assert evaluate(c, BASE | flat0 | {"status_ok": 0.0}, hist(flat0, flat0))[1]["alerts/reward_flat"] == 0.0
+
+
+def test_missing_inputs_and_disabled_rules_are_left_out():
+    _, flags = evaluate(cfg(), dict(BASE), [])
+    # No KL, entropy, update, throughput history, RSS, mismatch or held-out scores in these metrics.
+    assert set(flags) == {"alerts/reward_flat", "alerts/verifier_errors"}
+    fired, flags = evaluate(cfg(mismatch={"enabled": False}), BASE | {"mismatch/share_above": 0.9}, [])
+    assert fired == [] and "alerts/mismatch" not in flags
+
+
+def test_severity_comes_from_the_config_and_guards_alert_at_it():
+    fired, _ = evaluate(cfg(kl_high={"severity": "critical"}), BASE | {"kl": 9.0}, [])
+    assert fired[0].severity == "critical"
+    assert guard_alert(cfg(), "nonfinite_loss", "stopped").severity == "critical"
+    assert guard_alert(cfg(verifier_errors={"enabled": False}), "verifier_errors", "x") is None
+    with pytest.raises(ValueError, match="severity"):
+        cfg(kl_high={"severity": "page-me"})
+
+
+def test_alert_keys_may_change_on_a_resume():
+    from rlpipe.resume import config_changes, resume_fingerprint
+
+    a, b = RunConfig(), cfg(kl_high={"max_kl": 0.1}, critical_grace_s=0)
+    assert resume_fingerprint(a) == resume_fingerprint(b) and config_changes(a.flat(), b.flat()) == []
+    assert config_changes(a.flat(), RunConfig.model_validate({"train": {"lr": 0.5}}).flat()) != []
