@@ -22,7 +22,8 @@ demo-rlhf: install
 demo-agent: install
 	$(VENV)/bin/rlpipe demo agent
 
-test: install
+test:
+	@RLPIPE_INSTALL_BROWSER=1 bash scripts/install.sh
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

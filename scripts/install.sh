@@ -39,6 +39,18 @@ if [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ] && ! command -v bwrap >/dev/null 2
     echo "[install] WARNING: bubblewrap (bwrap) is missing; install it for full sandbox isolation"
   fi
 fi
+# Debian's chromium for the report's browser test (tests/tracking/test_report.py drives it with
+# Playwright; `playwright install` would download a browser, which this machine may not be able to).
+# Only `make test` asks for it (RLPIPE_INSTALL_BROWSER=1): the demo does not need a browser.
+if [ "${RLPIPE_INSTALL_BROWSER:-0}" = 1 ] && [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ] && [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[install] apt-get install chromium"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+      || echo "[install] WARNING: could not install chromium; the report's browser test will fail until it is installed"
+  else
+    echo "[install] WARNING: /usr/bin/chromium is missing; install Debian's chromium for the report's browser test"
+  fi
+fi
 
 build_shared() {
   echo "[install] building $venv ($flavour) — a few minutes, once per set of pins"

@@ -29,6 +29,8 @@ app.add_typer(verifier_app, name="verifier")
 from rlpipe.sandbox.cli import sandbox_app  # noqa: E402 - typer app only; the sandbox does nothing on import
 
 app.add_typer(sandbox_app, name="sandbox", help="Run untrusted Python in the sandbox.")
+automations_app = typer.Typer(help="Prefect automations that act on rlpipe's alerts.", no_args_is_help=True)
+app.add_typer(automations_app, name="automations")
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
 ConfigArg = Annotated[Optional[Path], typer.Argument(help="Run config YAML (default: the embedded defaults).")]
@@ -175,6 +177,8 @@ def run_cmd(
 ) -> None:
     """RL training (one Prefect flow run per iteration); the same --run-id resumes (from the object store when
     this machine has no state). Prints summary.json's path last."""
+    from prefect.exceptions import CancelledRun
+
     from rlpipe.doctor import PreflightError
     from rlpipe.resume import ResumeRefused
     from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
@@ -189,6 +193,9 @@ def run_cmd(
     except (RewardCircuitOpen, SandboxFloorError, NonFiniteUpdate, PreflightError) as e:  # a guard tripped: say why
         typer.echo(f"rlpipe run stopped: {e}", err=True)
         raise typer.Exit(3) from None
+    except CancelledRun as e:  # an automation acting on a critical alert, or a person in the UI
+        typer.echo(f"rlpipe run: {e}", err=True)
+        raise typer.Exit(5) from None
     _print_rl(summary)
     typer.echo(summary["_path"])
 
@@ -235,6 +242,36 @@ def doctor_cmd(
     raise typer.Exit(1 if failed else 0)
 
 
+@app.command("gc")
+def gc_cmd(
+    config: ConfigArg = None, set_: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would go; delete nothing.")] = False,
+) -> None:
+    """Apply CONFIG's retention (retention.keep_checkpoints, retention.trajectory_days) to the object store and
+    the model registry. Never deletes a checkpoint a registry alias points to, a run's resume point, a model
+    version a run's config names, or the trajectories of an unfinished iteration."""
+    from rlpipe.retention import apply, plan
+    from rlpipe.storage import open_store
+    from rlpipe.tracking.mlflow_utils import Tracker
+
+    cfg = _load(config, set_)
+    if cfg.retention.keep_checkpoints is None and cfg.retention.trajectory_days is None:
+        typer.echo("rlpipe gc: nothing to do: retention.keep_checkpoints and retention.trajectory_days are both "
+                   "null (keep everything); set them in the config or with --set", err=True)
+        raise typer.Exit(2)
+    s = settings()
+    store, client = open_store(s.resolve_storage_uri(cfg), s), Tracker(s, cfg).client
+    p = plan(cfg.retention, store, client)
+    for line in p.lines("would" if dry_run else "delete"):
+        typer.echo(line)
+    if not dry_run:
+        apply(p, store, client)
+    n = {k: sum(i.kind == k for i in p.delete) for k in ("checkpoint", "trajectories", "model-version")}
+    typer.echo(f"{'would free' if dry_run else 'freed'} {p.freed_bytes() / 2**20:.1f} MiB in {store.url('')}: "
+               f"{n['checkpoint']} checkpoint(s), {n['trajectories']} iteration(s) of trajectories, "
+               f"{n['model-version']} registry version(s){' (dry run: nothing deleted)' if dry_run else ''}")
+
+
 @app.command("rm-train")
 def rm_train_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None) -> None:
     """Train a reward model on preference pairs (Bradley–Terry); registers it as `<task>-rm` (`best` follows
@@ -261,6 +298,25 @@ def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Opt
     typer.echo(summary["_path"])
 
 
+@app.command("report")
+def report_cmd(
+    run_id: Annotated[str, typer.Argument(help="The rlpipe run id (its newest MLflow run) or an MLflow run id.")],
+    out: Annotated[Optional[Path], typer.Option(help="Where to write the page (default: $RLPIPE_HOME/runs/RUN_ID/report.html).")] = None,
+    log: Annotated[bool, typer.Option("--log/--no-log", help="Also log the page to the MLflow run as report.html.")] = True,
+) -> None:
+    """One self-contained HTML page of a run, from MLflow: curves (reward, held-out accuracy, KL, entropy,
+    lengths), stage times, verdict statuses, alerts and sampled generations. Prints its path."""
+    from rlpipe.tracking.report import RunNotFound, build_report
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # two bars for two small tables: noise
+    try:
+        path = build_report(run_id, settings(), out, log=log)
+    except RunNotFound as e:
+        typer.echo(f"rlpipe report: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(path))
+
+
 # The RLHF demo's recipe (configs/sft-rm-grpo-rlhf.yaml spells out the same): arithmetic prompts whose
 # hidden true quality is `closeness`; the reward model learns it from noisy preference pairs only.
 RLHF_DEMO = [
@@ -284,6 +340,24 @@ AGENT_DEMO = [
     "train.total_iterations=40", "train.eval_interval=10", "train.save_interval=20", "train.lr=1e-4",
     "train.batch_size=64", "train.micro_batch_size=64", "train.warmup_steps=20",
 ]
+
+
+@automations_app.command("install")
+def automations_install(
+    file: Annotated[Optional[Path], typer.Option(help="Automations YAML (default: infra/prefect/automations.yaml).")] = None,
+) -> None:
+    """Create or update, by name, the Prefect automations that act on rlpipe's alerts (cancel a run on a
+    critical alert; pause its deployment) on the Prefect API in PREFECT_API_URL. Safe to repeat."""
+    _prefect_env()
+    from tasks.alerts import AUTOMATIONS_FILE, install_automations
+
+    try:
+        done = install_automations(file or AUTOMATIONS_FILE)
+    except (OSError, ValueError) as e:
+        typer.echo(f"rlpipe automations install: {e}", err=True)
+        raise typer.Exit(2) from None
+    for name, what in done:
+        typer.echo(f"{what:8s} {name}")
 
 
 @app.command("demo")
