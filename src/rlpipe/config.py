@@ -631,6 +631,19 @@ class AlertsConfig(_Strict):
                                     "for an automation to cancel it before it starts the next iteration.")
 
 
+class RetentionConfig(_Strict):
+    """What ``rlpipe gc`` keeps in the object store and the registry. It never deletes a checkpoint a registry
+    alias points to (best, latest, base, …), a run's resume point, a model version a run's config names, or
+    the trajectories of an iteration a run has not finished."""
+
+    keep_checkpoints: int | None = Field(None, ge=1, description="Per run, keep the newest this many checkpoints "
+                                         "(beside the protected ones); the rest and their registry versions go. "
+                                         "null: keep all.")
+    trajectory_days: float | None = Field(None, ge=0, description="Delete a finished iteration's trajectory stages "
+                                          "(rollout, verify Parquet) this many days after they were written. "
+                                          "null: keep them.")
+
+
 class RunConfig(_Strict):
     """Everything that defines a run. Its fingerprint identifies the experiment."""
 
@@ -646,6 +659,7 @@ class RunConfig(_Strict):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     agent: AgentConfig | None = Field(None, description="Multi-step agentic RL in an environment; null: single-turn.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Alert rules on a run's metrics.")
+    retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What `rlpipe gc` keeps.")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
 
     @model_validator(mode="after")

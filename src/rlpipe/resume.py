@@ -28,8 +28,8 @@ __all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "re
 
 # Keys a resume may change without being a different experiment.
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
-# Sections that watch a run without steering it (alert thresholds, severities): free to change on a resume.
-OPERATIONAL_PREFIXES = ("alerts.",)
+# Sections that watch or tidy a run without steering it (alerts, retention): free to change on a resume.
+OPERATIONAL_PREFIXES = ("alerts.", "retention.")
 
 
 def _steers(key: str) -> bool:

@@ -102,13 +102,23 @@ class ObjectStore:
 
     def list(self, prefix: str) -> list[str]:
         """Keys of the files under ``prefix`` (recursive), relative to the store root."""
-        base = self.path(prefix)
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Key → size in bytes of every file under ``prefix`` (recursive). Folder entries are left out: a filer
+        such as SeaweedFS keeps an emptied folder, which ``find`` lists on its own."""
         try:
-            found = self.fs.find(base)
+            found = self.fs.find(self.path(prefix), detail=True)
         except FileNotFoundError:
-            return []
+            return {}
         root = self.root + "/"
-        return sorted(p[len(root):] if p.startswith(root) else p for p in found)
+        return {(p[len(root):] if p.startswith(root) else p): int(info.get("size") or 0)
+                for p, info in sorted(found.items()) if info.get("type") != "directory"}
+
+    def key_of(self, url: str) -> str | None:
+        """The key a URL from :meth:`url` names, or None when it points outside this store."""
+        url, base = url.rstrip("/"), self.uri + "/"
+        return url[len(base):] if url.startswith(base) else None
 
     def delete(self, prefix: str) -> None:
         path = self.path(prefix)
