@@ -557,14 +557,17 @@ class AgentConfig(_Strict):
 Severity = Literal["info", "warning", "critical"]
 
 
+_SEVERITY = ("info, warning or critical: the shipped Prefect automations cancel a run on a critical alert "
+             "(infra/prefect/automations.yaml).")
+
+
 class _Rule(_Strict):
     enabled: bool = Field(True, description="Evaluate this rule each iteration.")
-    severity: Severity = Field("warning", description="info, warning or critical: the shipped Prefect automations "
-                               "cancel a run on a critical alert (infra/prefect/automations.yaml).")
+    severity: Severity = Field("warning", description=_SEVERITY)
 
 
 class RewardFlatRule(_Rule):
-    severity: Severity = "critical"
+    severity: Severity = Field("critical", description=_SEVERITY)
     for_iterations: int = Field(3, ge=1, description="Fires when every scored reward of the batch was 0, or every "
                                 "one 1, in this many iterations in a row: no learning signal.")
 
@@ -580,7 +583,7 @@ class EntropyCollapseRule(_Rule):
 
 
 class NonFiniteLossRule(_Rule):
-    severity: Severity = "critical"
+    severity: Severity = Field("critical", description=_SEVERITY)
 
 
 class VerifierErrorRule(_Rule):
