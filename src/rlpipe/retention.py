@@ -100,23 +100,23 @@ def _registry(client: Any, store: ObjectStore) -> list[_Version]:
 
 
 def _protected(runs: dict[str, _Run], versions: list[_Version]) -> dict[str, str]:
-    """Checkpoint prefix -> why it must stay."""
-    keep: dict[str, str] = {}
+    """Checkpoint prefix -> every reason it must stay."""
+    keep: dict[str, list[str]] = defaultdict(list)
     for v in versions:
         if v.key and v.aliases:
-            keep.setdefault(v.key, f"alias {', '.join('@' + a for a in v.aliases)} of {v.name} v{v.version}")
+            keep[v.key].append(f"alias {', '.join('@' + a for a in v.aliases)} of {v.name} v{v.version}")
     by_ref = {(v.name, v.version): v for v in versions} | {(v.name, "@" + a): v for v in versions for a in v.aliases}
     for run_id, run in runs.items():
         p = run.progress or {}
         if p.get("resume_state"):
-            keep.setdefault(p["resume_state"].rstrip("/"),
-                            f"resume point of run {run_id} (after iteration {p.get('completed_iteration')})")
+            keep[p["resume_state"].rstrip("/")].append(
+                f"resume point of run {run_id} (after iteration {p.get('completed_iteration')})")
         for key, value in (p.get("config") or {}).items():
             m = _MODEL_REF.match(value) if isinstance(value, str) else None
             ref = m and by_ref.get((m.group(1), m.group(2) or "@" + (m.group(3) or "")))
             if ref and ref.key:
-                keep.setdefault(ref.key, f"{key} of run {run_id} names {value}")
-    return keep
+                keep[ref.key].append(f"{key} of run {run_id} names {value}")
+    return {k: "; ".join(v) for k, v in keep.items()}
 
 
 def _order(prefix: str) -> int:
