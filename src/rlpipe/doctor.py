@@ -125,7 +125,24 @@ def _prefect_api(cfg: RunConfig, s: Settings) -> str:
     url = os.environ.get("PREFECT_API_URL")
     if not url:
         raise _Skip("PREFECT_API_URL is not set: each run starts its own temporary Prefect server")
-    return _http_health(url, "Prefect API", "start it (prefect server start) or unset PREFECT_API_URL")
+    health = _http_health(url, "Prefect API", "start it (prefect server start) or unset PREFECT_API_URL")
+    return f"{health}; {_alert_automations(url)}"
+
+
+def _alert_automations(url: str) -> str:
+    """Whether an enabled automation on the server acts on rlpipe's alert events (not a failure when none does:
+    alerts still reach MLflow, the log and the event feed)."""
+    import httpx
+
+    try:
+        autos = httpx.post(url.rstrip("/") + "/automations/filter", json={}, timeout=5.0).json()
+        acting = [a["name"] for a in autos if a.get("enabled") and
+                  any(str(e).startswith("rlpipe.alert") for e in (a.get("trigger") or {}).get("expect") or [])]
+    except (httpx.HTTPError, ValueError, TypeError, KeyError) as e:
+        return f"automations unreadable ({type(e).__name__})"
+    if not acting:
+        return "no automation acts on rlpipe alerts (install them: rlpipe automations install)"
+    return f"{len(acting)} automation(s) act on rlpipe alerts ({', '.join(sorted(acting))})"
 
 
 def _policy_dir(cfg: RunConfig, s: Settings, tmp: str) -> str:

@@ -44,7 +44,18 @@ def installed(server):
     return first.stdout, again.stdout, {a["name"]: a for a in autos}
 
 
-def test_install_creates_the_automations_once_and_updates_them_after(installed):
+def test_doctor_says_whether_automations_act_on_alerts(server, monkeypatch):
+    from rlpipe.doctor import _prefect_api
+
+    monkeypatch.setenv("PREFECT_API_URL", server.api)
+    assert "no automation acts on rlpipe alerts (install them: rlpipe automations install)" in _prefect_api(RunConfig(), settings())
+
+
+def test_install_creates_the_automations_once_and_updates_them_after(installed, server, monkeypatch):
+    from rlpipe.doctor import _prefect_api
+
+    monkeypatch.setenv("PREFECT_API_URL", server.api)
+    assert f"2 automation(s) act on rlpipe alerts ({', '.join(NAMES)})" in _prefect_api(RunConfig(), settings())
     first, again, autos = installed
     assert first.split() == ["created", NAMES[0], "created", NAMES[1]]
     assert again.split() == ["updated", NAMES[0], "updated", NAMES[1]]
