@@ -68,7 +68,9 @@ def test_every_rule_fires_an_event_and_a_critical_one_cancels_its_run(server, in
     res = py(server, ["-m", "tests.helpers.fire_alerts", *sorted(RULES)], timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     runs = json.loads(res.stdout.strip().splitlines()[-1])
-    events = {e["resource"]["prefect.resource.id"]: e for e in server.events("rlpipe.alert.")}
+    want = {f"rlpipe.run.alert-{rule}" for rule in RULES}
+    found = server.wait_events("rlpipe.alert.", lambda evs: want <= {e["resource"]["prefect.resource.id"] for e in evs})
+    events = {e["resource"]["prefect.resource.id"]: e for e in found}
     defaults = RunConfig().alerts
     for rule in RULES:
         ev = events[f"rlpipe.run.alert-{rule}"]

@@ -44,6 +44,16 @@ class PrefectServer:
             out += page["events"]
         return out
 
+    def wait_events(self, prefix: str, until: Any, timeout: float = 60) -> list[dict[str, Any]]:
+        """``events(prefix)`` once ``until(events)`` holds: the server persists events in batches, a second or
+        more after they arrive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.events(prefix)
+            if until(got) or time.monotonic() > deadline:
+                return got
+            time.sleep(0.5)
+
     def flow_run(self, flow_run_id: str) -> dict[str, Any]:
         return self.get(f"/flow_runs/{flow_run_id}")
 
