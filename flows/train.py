@@ -250,6 +250,8 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
         "heldout_rm_score_base": progress.get("base_rm_score"),
         "heldout_rm_score_final": progress.get("final_rm_score"),
         "reward_hacking_alerts": int(sum(h.get("alerts/reward_hacking", 0.0) for h in history)),
+        "alerts_fired": {k.split("/", 1)[1]: n for k in sorted({k for h in history for k in h if k.startswith("alerts/")})
+                         if (n := int(sum(h.get(k, 0.0) for h in history)))},
         "registered_model": {"name": config.registered_model, "version": progress.get("last_registered")},
         "final_policy_version": progress.get("weights_sha256"),
         **(_agent_summary(config, progress, history) if config.agent is not None else {}),

@@ -129,4 +129,5 @@ def test_a_real_run_is_cancelled_by_the_automation_and_resumes(server, installed
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads(Path(res.stdout.strip().splitlines()[-1]).read_text())
     assert summary["iterations_done"] == 3 and summary["heldout_accuracy_final"] is not None
+    assert summary["alerts_fired"].get("reward_flat") == 1  # iteration 0's; the rule was off after the resume
     assert tracker.client.get_run(mlrun.info.run_id).info.status == "FINISHED"
