@@ -89,6 +89,20 @@ def test_every_rule_fires_an_event_and_a_critical_one_cancels_its_run(server, in
     assert {r for r in RULES if getattr(defaults, r).severity == "critical"} == {"reward_flat", "nonfinite_loss"}
 
 
+def test_every_rule_raised_as_critical_is_acted_on(server, installed):
+    """Any rule a config sets to critical reaches the automation: each of its runs is cancelled by it."""
+    _, _, autos = installed
+    res = py(server, ["-m", "tests.helpers.fire_alerts", "--critical", *sorted(RULES)], timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    runs = json.loads(res.stdout.strip().splitlines()[-1])
+    for rule, run in runs.items():
+        assert run["state"] == "CANCELLED" == server.flow_run(run["flow_run_id"])["state"]["type"], (rule, run)
+        assert f"Cancelled by Automation {autos[NAMES[0]]['id']}" in run["message"]
+    want = {f"rlpipe.run.alert-{rule}-critical" for rule in RULES}
+    found = server.wait_events("rlpipe.alert.", lambda evs: want <= {e["resource"]["prefect.resource.id"] for e in evs})
+    assert {e["resource"]["rlpipe.severity"] for e in found if e["resource"]["prefect.resource.id"] in want} == {"critical"}
+
+
 def test_a_critical_alert_pauses_the_deployment_its_run_came_from(server, installed):
     res = py(server, ["-m", "tests.helpers.fire_alerts", "--deployment", "nonfinite_loss"], timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]

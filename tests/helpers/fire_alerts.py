@@ -1,7 +1,8 @@
 """Run against a real Prefect server (PREFECT_API_URL): fire each named rule's hand-made case from
 tests/test_alerts.py inside a flow run, through the same ``raise_alerts`` the rl-train flow calls after an
-iteration. A cancelled run returns Cancelled, as rl-train does. ``--deployment`` runs each from a
-deployment's flow run (what the pause-deployment automation needs). Prints one JSON line:
+iteration. A cancelled run returns Cancelled, as rl-train does. ``--critical`` raises every rule at
+severity critical; ``--deployment`` runs each from a deployment's flow run (what the pause-deployment
+automation needs). Prints one JSON line:
 {rule: {"flow_run_id", "state", "message", "deployment_id"}}."""
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from tests.test_alerts import BASE, CASES
 
 
 @flow(name="fire-alert")
-def fire(rule: str):
+def fire(rule: str, critical: bool = False):
     overrides, history, firing, _ = CASES[rule]
+    if critical:  # every rule can be made one the automations act on
+        overrides = overrides | {rule: overrides.get(rule, {}) | {"severity": "critical"}}
     config = RunConfig.model_validate({"alerts": overrides | {"critical_grace_s": 60}})
     fired, _ = evaluate(config, BASE | firing, history)
     alerts = [a.as_dict() for a in fired if a.rule == rule]
     assert alerts, f"{rule} did not fire"
-    if reason := raise_alerts(config, f"alert-{rule}", 0, alerts):
+    if reason := raise_alerts(config, f"alert-{rule}{'-critical' if critical else ''}", 0, alerts):
         return Cancelled(message=reason)
     return "went on"
 
@@ -40,10 +43,10 @@ def _via_deployment(rule: str):
     return run_flow(fire, flow_run=run, parameters={"rule": rule}, return_type="state"), str(dep)
 
 
-def main(rules: list[str], deployment: bool) -> None:
+def main(rules: list[str], deployment: bool, critical: bool) -> None:
     out = {}
     for rule in rules:
-        state, dep = _via_deployment(rule) if deployment else (fire(rule, return_state=True), None)
+        state, dep = _via_deployment(rule) if deployment else (fire(rule, critical, return_state=True), None)
         out[rule] = {"flow_run_id": str(state.state_details.flow_run_id), "state": state.type.value,
                      "message": state.message, "deployment_id": dep}
     print(json.dumps(out))
@@ -51,4 +54,4 @@ def main(rules: list[str], deployment: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main([a for a in args if not a.startswith("--")], "--deployment" in args)
+    main([a for a in args if not a.startswith("--")], "--deployment" in args, "--critical" in args)
