@@ -139,6 +139,7 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     cost = ("cpu_s_total", "cpu_s_per_iteration", "cpu_s_per_heldout_point", "gpu_s_total", "gpu_s_per_heldout_point")
     log_metrics(config, mlflow_run, {f"cost/{k}": float(summary[k]) for k in cost if summary.get(k) is not None},
                 max(summary["iterations_done"] - 1, 0))
+    summary["report_html"] = _report(config, run_id, mlflow_run)
     end_tracking(config, mlflow_run)
     path = write_summary(settings(), run_id, summary)
     log.info("summary: %s", path)
@@ -171,6 +172,21 @@ def _cancelled(config: RunConfig, run_id: str, mlflow_run: str, last: int, reaso
     run_logger().warning(msg)
     end_tracking(config, mlflow_run, "KILLED")
     return Cancelled(message=msg)
+
+
+def _report(config: RunConfig, run_id: str, mlflow_run: str) -> str | None:
+    """The run's HTML report (``rlpipe report``), logged to its MLflow run. A report that cannot be built
+    does not fail a finished run: the log says why, and ``rlpipe report RUN_ID`` can try again."""
+    from rlpipe.tracking.report import build_report
+
+    if not mlflow_run:
+        return None
+    try:
+        return str(build_report(mlflow_run, settings(), settings().run_dir(run_id) / "report.html", config=config))
+    except Exception as e:  # noqa: BLE001
+        run_logger().warning("run %s: the HTML report could not be built (%s: %s); try `rlpipe report %s`",
+                             run_id, type(e).__name__, e, run_id)
+        return None
 
 
 def _check_reward_model(run_id: str, progress: dict[str, Any], services: dict[str, Any], allow_change: bool) -> None:

@@ -209,8 +209,8 @@ def _print_rl(summary: dict) -> None:
     typer.echo(f"  per iteration       {summary['iteration_seconds_mean']:.2f} s; outside generate/verify/update: {summary['overhead_share']:.0%}")
     typer.echo(f"  reward curve        {summary['reward_curve_png']}")
     fired = summary.get("alerts_fired") or {}
-    typer.echo("  alerts              " + (", ".join(f"{k} ×{n}" for k, n in fired.items()) if fired else "none")
-               + f"  (rlpipe report {summary['run_id']} shows them)")
+    typer.echo("  alerts              " + (", ".join(f"{k} ×{n}" for k, n in fired.items()) if fired else "none"))
+    typer.echo(f"  report              {summary.get('report_html') or 'not built (see the log)'}")
 
 
 def _run_rm(cfg: RunConfig, run_id: str | None) -> dict:

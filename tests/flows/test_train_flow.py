@@ -87,6 +87,10 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
     iters = [r[gens["columns"].index("iteration")] for r in gens["data"]]
     assert iters == [-1] * 8 + [0] * 8 + [1] * 8  # the base and each evaluation: 8 held-out generations each
     assert {"prompt", "response", "ground_truth", "status", "reward"} <= set(gens["columns"])
+    # The run's HTML report, built at its end and logged to its MLflow run.
+    report = Path(summary["report_html"])
+    assert report.name == "report.html" and 'data-series="reward_mean"' in report.read_text()
+    assert "report.html" in {a.path for a in tracker.client.list_artifacts(run.info.run_id)}
 
 
 def _cli(args: list[str], env_extra: dict[str, str], api_url: str) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlpipe.config import Settings
+from rlpipe.config import RunConfig, Settings
 
 __all__ = ["RunData", "RunNotFound", "build_report", "load_run", "render"]
 
@@ -75,14 +75,16 @@ class RunData:
 # -- reading the run ---------------------------------------------------------------------------
 
 
-def build_report(run: str, settings: Settings, out: Path | None = None, *, log: bool = True) -> Path:
+def build_report(run: str, settings: Settings, out: Path | None = None, *, log: bool = True,
+                 config: RunConfig | None = None) -> Path:
     """Write the report of ``run`` (an rlpipe run id, newest MLflow run first, or an MLflow run id) to
     ``out`` (default ``$RLPIPE_HOME/runs/<run>/report.html``); with ``log``, also as the MLflow run's
-    artifact ``report.html``. Raises :class:`RunNotFound` naming the id and the tracking URI."""
+    artifact ``report.html``. ``config``: its tracking URI, when it sets one. Raises :class:`RunNotFound`
+    naming the id and the tracking URI."""
     from rlpipe.tracking.mlflow_utils import Tracker
 
-    _check_store(run, settings)
-    tracker = Tracker(settings)
+    _check_store(run, settings, config)
+    tracker = Tracker(settings, config)
     data = load_run(tracker.client, run, tracker.uri)
     folder = data.rlpipe_run_id if _SAFE_ID.match(data.rlpipe_run_id) else data.mlflow_run_id  # a tag is no path
     path = Path(out) if out is not None else settings.run_dir(folder) / "report.html"
@@ -93,9 +95,9 @@ def build_report(run: str, settings: Settings, out: Path | None = None, *, log: 
     return path
 
 
-def _check_store(run: str, s: Settings) -> None:
+def _check_store(run: str, s: Settings, config: RunConfig | None = None) -> None:
     """An embedded store that does not exist holds no run: say so instead of creating an empty one."""
-    uri = s.resolve_tracking_uri()
+    uri = s.resolve_tracking_uri(config)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise RunNotFound(f"run {run!r}: there is no MLflow store at {uri} (RLPIPE_HOME={s.home}); set RLPIPE_HOME "
                           "to the folder the run used, or RLPIPE_TRACKING_URI to its tracking server")
