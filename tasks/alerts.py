@@ -104,13 +104,16 @@ def install_automations(path: Path = AUTOMATIONS_FILE) -> list[tuple[str, str]]:
     items = data.get("automations") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError(f"{path}: expected a top-level 'automations:' list of automations")
+    autos = []
+    for k, item in enumerate(items):  # all checked before anything is written
+        try:
+            autos.append(AutomationCore.model_validate(item))
+        except Exception as e:
+            name = item.get("name", "?") if isinstance(item, dict) else "?"
+            raise ValueError(f"{path}: automation #{k} ({name}) is not valid: {e}") from None
     done = []
     with get_client(sync_client=True) as client:
-        for k, item in enumerate(items):
-            try:
-                auto = AutomationCore.model_validate(item)
-            except Exception as e:
-                raise ValueError(f"{path}: automation #{k} ({item.get('name', '?')}) is not valid: {e}") from None
+        for auto in autos:
             existing = client.read_automations_by_name(auto.name)
             if existing:
                 client.update_automation(existing[0].id, auto)

@@ -115,3 +115,18 @@ def test_alert_keys_may_change_on_a_resume():
     a, b = RunConfig(), cfg(kl_high={"max_kl": 0.1}, critical_grace_s=0)
     assert resume_fingerprint(a) == resume_fingerprint(b) and config_changes(a.flat(), b.flat()) == []
     assert config_changes(a.flat(), RunConfig.model_validate({"train": {"lr": 0.5}}).flat()) != []
+
+
+def test_a_bad_automations_file_is_refused_before_anything_is_written(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    bad = tmp_path / "a.yaml"
+    bad.write_text("automations:\n  - name: x\n    trigger: {type: event, expect: [rlpipe.alert.*], posture: Sideways}\n"
+                   "    actions: [{type: cancel-flow-run}]\n")
+    res = CliRunner().invoke(app, ["automations", "install", "--file", str(bad)])
+    assert res.exit_code == 2 and f"{bad}: automation #0 (x) is not valid" in res.output
+    bad.write_text("- just a list\n")
+    res = CliRunner().invoke(app, ["automations", "install", "--file", str(bad)])
+    assert res.exit_code == 2 and "expected a top-level 'automations:' list" in res.output
