@@ -547,6 +547,7 @@ def serve_reward_model(
     from rlpipe.services.reward_model import serve
     from rlpipe.training.models import load_reward_model
 
+    _listen_ok("reward_model", host)
     try:
         scorer = load_reward_model(model_uri, settings())
     except (LookupError, FileNotFoundError) as e:
@@ -574,9 +575,53 @@ def serve_verifier(
         raise typer.Exit(2)
     from rlpipe.services.verifier import serve
 
+    _listen_ok("verifier", host)
     typer.echo(f"verifier service on http://{host}:{port} ({workers} workers, grace {grace:g} s, queue {max_queue})", err=True)
     serve(host=host, port=port, workers=workers, grace_s=grace, max_queue=max_queue,
           request_timeout_s=request_timeout, plugins=tuple(plugin or ()))
+
+
+@serve_app.command("rollout")
+def serve_rollout(
+    model_uri: Annotated[str, typer.Argument(help="The policy to start from: a folder or models:/NAME@ALIAS.")],
+    engine: Annotated[str, typer.Option(help="Engine: vllm or hf.")] = "vllm",
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; elsewhere needs RLPIPE_ROLLOUT_TOKEN).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8768,
+    max_model_len: Annotated[int, typer.Option(help="Positions per sequence (prompt + completion).")] = 256,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for the engine; more are refused with 429.")] = 8,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request without timeout_s waits for its turn (then 504).")] = 300.0,
+    seed: Annotated[int, typer.Option(help="Engine seed (requests carry their own sampling seeds).")] = 0,
+) -> None:
+    """HTTP rollout service: /generate, /logprobs, /weights (from the object store, hash-checked), /health,
+    /metrics. Runs point at its replicas with RLPIPE_ROLLOUT_URL (comma-separated)."""
+    from rlpipe.rollout.engines import new_engine
+    from rlpipe.services.rollout import serve
+    from rlpipe.storage import open_store
+    from rlpipe.training.models import fetch_source, resolve_source
+
+    _listen_ok("rollout", host)
+    s = settings()
+    try:
+        folder = fetch_source(resolve_source(model_uri, s), s)
+    except (LookupError, FileNotFoundError) as e:
+        typer.echo(f"serve rollout: {e}", err=True)
+        raise typer.Exit(2) from None
+    eng = new_engine(engine, folder, max_model_len=max_model_len, seed=seed)
+    typer.echo(f"rollout service ({eng.name}, weights {eng.weights_sha256()[:12]}) on http://{host}:{port}", err=True)
+    serve(eng, folder, open_store(s.resolve_storage_uri(), s), host=host, port=port, max_model_len=max_model_len,
+          max_queue=max_queue, request_timeout_s=request_timeout)
+
+
+def _listen_ok(name: str, host: str) -> None:
+    """Exit 2 before anything starts when a service would listen beyond loopback without a credential."""
+    from rlpipe.services._common import check_listen
+    from rlpipe.services.calls import service_token
+
+    try:
+        check_listen(name, host, service_token(name))
+    except (ValueError, OSError) as e:
+        typer.echo(f"serve {name.replace('_', '-')}: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @serve_app.command("env")
@@ -598,6 +643,7 @@ def serve_env(
     from rlpipe.envs.sandboxed import SandboxOptions
     from rlpipe.services.env import serve
 
+    _listen_ok("env", host)
     for mod in plugin or ():
         importlib.import_module(mod)
     opts = SandboxOptions(step_timeout_s=step_timeout, cpu_s=cpu, memory_mb=memory_mb, plugins=tuple(plugin or ()),

@@ -15,7 +15,8 @@ from typing import Any
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # Snapshot keys that only ever grow: Prometheus counters (``…_total``); every other number is a gauge.
 COUNTER_KEYS = frozenset({"requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items",
-                          "failures", "resets", "steps", "batches", "worker_restarts"})
+                          "failures", "resets", "steps", "batches", "worker_restarts", "tokens", "weight_loads",
+                          "unauthorized"})
 
 
 class Counters:
@@ -91,16 +92,24 @@ class _ServiceCollector:
                                         buckets=buckets, sum_value=total)
 
 
-def service_app(title: str, name: str, service: Any):
+def service_app(title: str, name: str, service: Any, token: str | None = None):
     """A FastAPI app with the ``/health``, ``/metrics`` (Prometheus text) and ``/stats`` (JSON) every rlpipe
     service answers, from ``service.health()``, ``service.metrics()`` and ``service.histograms()``; the
-    caller adds its work endpoint. ``name`` prefixes the Prometheus names: ``rlpipe_<name>_…``."""
+    caller adds its work endpoint. ``name`` prefixes the Prometheus names: ``rlpipe_<name>_…``. With a
+    ``token`` (default: ``RLPIPE_<NAME>_TOKEN`` or its ``_FILE``) every endpoint but ``/health`` requires
+    ``Authorization: Bearer <token>`` (else 401)."""
     from fastapi import FastAPI, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from rlpipe.services.calls import service_token
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ServiceCollector(name, service))
     app = FastAPI(title=title, version="1")
+    token = token if token is not None else service_token(name)
+    app.state.rlpipe_service, app.state.rlpipe_token = name, token
+    if token:
+        _require_token(app, name, token, getattr(service, "stats", None))
     app.get("/health")(service.health)
     app.get("/stats")(service.metrics)
 
@@ -109,6 +118,39 @@ def service_app(title: str, name: str, service: Any):
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _require_token(app: Any, name: str, token: str, stats: Any) -> None:
+    import hmac
+
+    from fastapi.responses import JSONResponse
+
+    want = f"Bearer {token}".encode()
+
+    @app.middleware("http")
+    async def bearer(request: Any, call_next: Any) -> Any:
+        if request.url.path != "/health":
+            got = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(got, want):
+                if stats is not None and hasattr(stats, "unauthorized"):
+                    stats.add(unauthorized=1)
+                return JSONResponse({"detail": f"the {name} service needs 'Authorization: Bearer <token>' "
+                                     f"(RLPIPE_{name.upper()}_TOKEN); this request's is missing or wrong"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+
+def check_listen(name: str, host: str, token: str | None) -> None:
+    """Refuse to listen beyond loopback without a credential: anyone who reaches the port could use it."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not token:
+        raise ValueError(f"the {name} service would listen on {host} with no credential: set RLPIPE_{name.upper()}_TOKEN "
+                         f"(or RLPIPE_{name.upper()}_TOKEN_FILE), or listen on 127.0.0.1")
 
 
 def queue_full(service: Any):
@@ -126,6 +168,7 @@ def run_service(app: Any, service: Any, host: str, port: int) -> None:
     import uvicorn
 
     try:
+        check_listen(app.state.rlpipe_service, host, app.state.rlpipe_token)
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=30)
     finally:
         service.close()

@@ -4,18 +4,38 @@ of the services it used (:func:`drain`). Core code: no web framework is imported
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 _LOCK = threading.Lock()
 _CALLS: dict[str, list[tuple[float, bool]]] = {}
 
 
+def service_token(service: str) -> str | None:
+    """The bearer credential of ``service`` (verifier, reward_model, env, rollout): ``RLPIPE_<SERVICE>_TOKEN``,
+    or the file ``RLPIPE_<SERVICE>_TOKEN_FILE`` names (a mounted secret); None when neither is set. The
+    service and its clients read the same variables."""
+    key = f"RLPIPE_{service.upper()}_TOKEN"
+    if os.environ.get(key):
+        return os.environ[key]
+    if path := os.environ.get(f"{key}_FILE"):
+        token = Path(path).read_text().strip()
+        if not token:
+            raise ValueError(f"{key}_FILE={path} is empty: put the {service} service's token in it")
+        return token
+    return None
+
+
 def post(service: str, url: str, **kwargs: Any) -> Any:
-    """``httpx.post`` that records its latency and whether it succeeded (HTTP 200) under ``service``."""
+    """``httpx.post`` with the service's bearer token (when one is set) that records its latency and
+    whether it succeeded (HTTP 200) under ``service``."""
     import httpx
 
+    if token := service_token(service):
+        kwargs["headers"] = {**kwargs.get("headers", {}), "Authorization": f"Bearer {token}"}
     start = time.perf_counter()
     ok = False
     try:
