@@ -103,7 +103,10 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     max_len = max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
     if config.agent is not None:  # an episode's whole context
         max_len = config.agent.max_context
-    engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
+    if settings().rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
+        engine = _remote_engine(config, run_id, policy_dir)
+    else:
+        engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
     engine_s = time.perf_counter() - start
     trainer = PolicyTrainer(
         model_dir=model_dir, cfg=config.train, temperature=config.rollout.temperature or 1.0, seed=config.seed,
@@ -130,6 +133,16 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
             "sandbox_level": sandbox_level, "probe_max_abs_diff": proof,
             "reward_model_version": svc.reward_model.version if svc.reward_model else None,
             "reward_stats": svc.reward_model.stats if svc.reward_model else None}
+
+
+def _remote_engine(config: RunConfig, run_id: str, policy_dir: str):
+    """The rollout service replicas of RLPIPE_ROLLOUT_URL as one engine, loaded with the run's start policy."""
+    from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine
+
+    store = _store(config)
+    engine = ReplicatedEngine([RemoteEngine(url, store, run_id) for url in settings().rollout_urls])
+    engine.load_weights(policy_dir)
+    return engine
 
 
 def _reward_model(config: RunConfig):
@@ -405,13 +418,17 @@ def prove_sync(svc: RunServices, when: str) -> dict[str, float]:
     from rlpipe.rollout.probe import max_gap
 
     probe, tol = svc.info["probe"], svc.info["probe_tol"]
-    engine_lp = svc.engine.sequence_logprobs(probe.prompts, probe.continuations)
+    # Every replica of a replicated engine is proven, not only the one that answers first.
+    each = (svc.engine.probe_each(probe.prompts, probe.continuations) if hasattr(svc.engine, "probe_each")
+            else {svc.engine.name: svc.engine.sequence_logprobs(probe.prompts, probe.continuations)})
     trainer_lp = svc.trainer.sequence_logprobs(probe.prompts, probe.continuations)
-    gap = max_gap(engine_lp, trainer_lp)
+    gaps = {name: max_gap(lp, trainer_lp) for name, lp in each.items()}
+    worst = max(gaps, key=lambda k: gaps[k])
+    gap, engine_lp = gaps[worst], next(iter(each.values()))
     change = max_gap(engine_lp, svc.info["probe_last"]) if "probe_last" in svc.info else 0.0
     if not gap <= tol:
         raise WeightSyncError(
-            f"{when}: engine {svc.engine.name} and trainer disagree on the probe batch ({probe.tokens} tokens): "
+            f"{when}: engine {worst} and trainer disagree on the probe batch ({probe.tokens} tokens): "
             f"max |Δ log-prob| {gap:.3g} > tolerance {tol:g}. The engine does not run the trainer's policy "
             "(a stale, partial or wrongly repacked reload); set rollout.sync_tolerance only if the engine's dtype "
             "explains the gap")

@@ -33,7 +33,7 @@ CASES = {
                          {"entropy": 0.99, "reward_mean": 0.5}, {"entropy": 1.0, "reward_mean": 0.5}),
     "nonfinite_loss": ({}, [], {"nonfinite_steps": 1.0, "loss": 0.3}, {"nonfinite_steps": 0.0, "loss": 0.3}),
     "verifier_errors": ({}, [], {"status_ok": 0.85}, {"status_ok": 0.9}),
-    "throughput_drop": ({}, hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0))),
+    "throughput_drop": ({}, hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0, 30.0, 45.0))),
                         {"throughput/generate_tokens_per_s": 49.0}, {"throughput/generate_tokens_per_s": 50.0}),
     "memory_growth": ({"memory_growth": {"iterations": 2, "mb": 100}},
                       hist({"resource/rss_bytes": 1000 * 2**20}, {"resource/rss_bytes": 1050 * 2**20}),
@@ -64,10 +64,13 @@ def test_rule_fires_and_stays_quiet_inside_its_threshold(rule):
 
 
 def test_hand_computed_values_and_messages():
-    fired, _ = evaluate(cfg(), BASE | {"throughput/generate_tokens_per_s": 49.0},
-                        hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0))))
+    fired, _ = evaluate(cfg(), BASE | {"throughput/generate_tokens_per_s": 40.0},
+                        hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0, 30.0, 45.0))))
     (a,) = fired
-    assert a.value == pytest.approx(0.49) and "median 100" in a.message  # median of 80, 100, 120
+    assert a.value == pytest.approx(0.45) and "median 100" in a.message  # the window's best, 45, of median(80, 100, 120)
+    # A one-iteration dip is not a drop: the two before it were at the median.
+    dip = hist(*({"throughput/generate_tokens_per_s": x} for x in (100.0, 120.0, 80.0, 100.0, 100.0)))
+    assert evaluate(cfg(), BASE | {"throughput/generate_tokens_per_s": 10.0}, dip)[0] == []
     fired, _ = evaluate(cfg(entropy_collapse={"window": 3}), BASE | {"entropy": 0.5, "reward_mean": 0.5},
                         hist({"entropy": 2.0, "reward_mean": 0.2}, {"entropy": 1.5, "reward_mean": 0.3}))
     assert fired[0].value == pytest.approx(0.75) and "2.000 → 0.500" in fired[0].message

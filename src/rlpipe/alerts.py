@@ -107,21 +107,25 @@ def _verifier_errors(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | N
 
 
 def _throughput_drop(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:
+    """A sustained drop: each of the last ``for_iterations`` iterations below ``factor`` × the median of the
+    iterations before them (a one-iteration dip on a busy machine is not one)."""
     rule, worst = cfg.alerts.throughput_drop, None
     for key in ("throughput/generate_tokens_per_s", "throughput/train_tokens_per_s"):
-        past = [float(h[key]) for h in hist if h.get(key, 0.0) > 0]
-        if key not in m or len(past) < rule.min_history:
+        series = [float(h[key]) for h in hist if h.get(key, 0.0) > 0] + ([float(m[key])] if key in m else [])
+        before, window = series[:-rule.for_iterations], series[-rule.for_iterations:]
+        if key not in m or len(before) < rule.min_history or len(window) < rule.for_iterations:
             continue
-        ratio = float(m[key]) / median(past)
+        med = median(before)
+        ratio = max(window) / med  # the best of the window: every one is below factor × median when this is
         if worst is None or ratio < worst[1]:
-            worst = (key, ratio, median(past))
+            worst = (key, ratio, med)
     if worst is None:
         raise _Skip("throughput history")
     key, ratio, med = worst
     if ratio >= rule.factor:
         return None, ratio
-    return (f"{key} is {m[key]:.4g}, {ratio:.0%} of the run's median {med:.4g} (below {rule.factor:.0%}): "
-            "another job on the machine, a slow service, or swapping?"), ratio
+    return (f"{key} stayed below {rule.factor:.0%} of the run's median {med:.4g} for {rule.for_iterations} iterations "
+            f"(now {m[key]:.4g}): another job on the machine, a slow service, or swapping?"), ratio
 
 
 def _memory_growth(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:

@@ -592,9 +592,10 @@ class VerifierErrorRule(_Rule):
 
 
 class ThroughputDropRule(_Rule):
-    factor: float = Field(0.5, gt=0, lt=1, description="Fires when generation or training throughput falls below "
-                          "factor × the run's median so far …")
-    min_history: int = Field(3, ge=1, description="… once the run has this many earlier iterations.")
+    factor: float = Field(0.5, gt=0, lt=1, description="Fires when generation or training throughput stays below "
+                          "factor × the run's median before …")
+    for_iterations: int = Field(3, ge=1, description="… for this many iterations in a row …")
+    min_history: int = Field(3, ge=1, description="… once the run has this many earlier iterations for the median.")
 
 
 class MemoryGrowthRule(_Rule):
@@ -860,6 +861,8 @@ class Settings(BaseModel):
     env_url: str | None = Field(None, description="RLPIPE_ENV_URL: agent runs step their environments through this service")
     reward_model_url: str | None = Field(
         None, description="RLPIPE_REWARD_MODEL_URL: score with the reward-model service instead of in-process")
+    rollout_urls: tuple[str, ...] = Field(
+        (), description="RLPIPE_ROLLOUT_URL: rollout service replicas (comma-separated) instead of an in-process engine")
 
     def resolve_storage_uri(self, cfg: RunConfig | None = None) -> str:
         if self.storage_uri:
@@ -897,4 +900,5 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         verifier_url=env.get("RLPIPE_VERIFIER_URL") or None,
         env_url=env.get("RLPIPE_ENV_URL") or None,
         reward_model_url=env.get("RLPIPE_REWARD_MODEL_URL") or None,
+        rollout_urls=tuple(u.strip() for u in env.get("RLPIPE_ROLLOUT_URL", "").split(",") if u.strip()),
     )

@@ -186,7 +186,13 @@ class ReplicatedEngine:
 
     def probe_each(self, prompts: list[list[int]], continuations: list[list[int]]) -> dict[str, list[list[float]]]:
         """Every live replica's log-probs on the probe: each one's sync is proven, not only the first's."""
-        return {r.url: r.sequence_logprobs(prompts, continuations) for r in self.live()}
+        out = {}
+        for replica in self.live():
+            try:
+                out[replica.url] = replica.sequence_logprobs(prompts, continuations)
+            except ReplicaDown as e:
+                self._down(replica, e)
+        return out or self.probe_each(prompts, continuations)  # raises when none is left
 
     @property
     def dtype(self) -> str:
