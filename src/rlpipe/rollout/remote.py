@@ -3,7 +3,8 @@ interface as an in-process engine, so that one iteration flow serves both.
 
 :class:`RemoteEngine` is one replica. Weights reach it only through the object store: ``load_weights``
 uploads the folder's ``*.safetensors`` to ``runs/<run>/weights/<sha256[:16]>/`` and asks the replica to
-load them with their expected hash, which it checks before and after the reload.
+load them with their expected hash, which it checks before and after the reload; once every replica
+holds them, the earlier uploads are deleted.
 :class:`ReplicatedEngine` splits the prompts of a request across replicas in consecutive blocks (prompt ``i`` keeps
 the seed ``seed + i`` it has in-process on vLLM) and moves a dead replica's share to the live ones.
 """
@@ -182,7 +183,16 @@ class ReplicatedEngine:
             self.live()  # raises: every replica is down
         if len(set(held.values())) != 1:
             raise WeightSyncError(f"rollout replicas hold different weights after the reload: {held}")
+        self._prune(uri)
         return next(iter(held.values()))
+
+    def _prune(self, current_uri: str) -> None:
+        """Every replica holds the new weights: the earlier uploads are nobody's any more."""
+        store = self.replicas[0].store
+        current = store.key_of(current_uri)
+        prefix = current.rsplit("/", 1)[0]
+        for old in {"/".join(k.split("/")[:4]) for k in store.list(prefix)} - {current}:
+            store.delete(old)
 
     def probe_each(self, prompts: list[list[int]], continuations: list[list[int]]) -> dict[str, list[list[float]]]:
         """Every live replica's log-probs on the probe: each one's sync is proven, not only the first's."""
