@@ -275,6 +275,58 @@ def gc_cmd(
                f"{n['model-version']} registry version(s){' (dry run: nothing deleted)' if dry_run else ''}")
 
 
+@app.command("up")
+def up_cmd(
+    config: ConfigArg = None, set_: SetOpt = None,
+    rollout_replicas: Annotated[int, typer.Option(help="Rollout services to start for task.policy_model (RLPIPE_ROLLOUT_URL).")] = 0,
+    timeout_s: Annotated[float, typer.Option(help="Seconds each group of components may take to become healthy.")] = 180.0,
+) -> None:
+    """Start the local stack in the background (S3, MLflow server, Prefect server and worker, the services
+    CONFIG needs), each health-checked; logs, pids and env.sh in $RLPIPE_HOME/stack/."""
+    from rlpipe.stack import StackError, up
+
+    cfg = _load(config, set_)
+    try:
+        stack = up(cfg, settings(), rollout_replicas=rollout_replicas, timeout_s=timeout_s)
+    except StackError as e:
+        typer.echo(f"rlpipe up: {e}", err=True)
+        raise typer.Exit(1) from None
+    for c in stack["components"]:
+        typer.echo(f"up    {c['name']:14s} pid {c['pid']:<7d} {c['url']}")
+    typer.echo(f"point runs at it: source {stack['dir']}/env.sh")
+
+
+@app.command("status")
+def status_cmd(as_json: Annotated[bool, typer.Option("--json", help="One JSON list instead of lines.")] = False) -> None:
+    """Every component `rlpipe up` started, with its URL and health; exit 1 when any is down."""
+    from rlpipe.stack import StackError, status
+
+    try:
+        rows = status(settings())
+    except StackError as e:
+        typer.echo(f"rlpipe status: {e}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+    for r in [] if as_json else rows:
+        state = "ok  " if r["healthy"] else ("DOWN" if not r["alive"] else "SICK")
+        typer.echo(f"{state}  {r['name']:14s} pid {r['pid']:<7d} {r['url']}  (log {r['log']})")
+    raise typer.Exit(0 if all(r["healthy"] for r in rows) else 1)
+
+
+@app.command("down")
+def down_cmd() -> None:
+    """Stop exactly what `rlpipe up` started (by the PIDs it recorded)."""
+    from rlpipe.stack import StackError, down
+
+    try:
+        stopped = down(settings())
+    except StackError as e:
+        typer.echo(f"rlpipe down: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"stopped {len(stopped)}: {', '.join(stopped) or 'nothing was running'}")
+
+
 @app.command("rm-train")
 def rm_train_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None) -> None:
     """Train a reward model on preference pairs (Bradley–Terry); registers it as `<task>-rm` (`best` follows

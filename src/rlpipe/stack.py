@@ -1,0 +1,301 @@
+"""``rlpipe up`` / ``status`` / ``down``: the long-lived local stack as background processes.
+
+``up`` starts, on 127.0.0.1 and each on a free port: SeaweedFS's S3 server (a bucket ``rlpipe`` and a
+fresh key pair), an MLflow tracking server, a Prefect server and a process worker on the pool
+``rlpipe-local``, and the rlpipe services the config needs (the verifier service; the reward-model
+service for ``reward.type: model``; the environment service for agent runs; ``rollout_replicas``
+rollout services). Every component gets a log and a pid in ``$RLPIPE_HOME/stack/``, its own
+``RLPIPE_HOME`` where it is an rlpipe process, and is health-checked before ``up`` returns; when one
+fails, what was started is stopped again and the error names the component and its log. ``stack.json``
+records what ``up`` started (``down`` stops exactly that, by PID) and ``env.sh`` the variables that point
+runs at it. Core code: the orchestrator is started as a program, never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlpipe.config import RunConfig, Settings
+
+__all__ = ["StackError", "down", "status", "up"]
+
+BUCKET = "rlpipe"
+
+
+class StackError(RuntimeError):
+    """A component did not come up; the message names it and its log."""
+
+
+@dataclass
+class Component:
+    name: str
+    cmd: list[str]
+    health: str  # URL answering 200 once it is up ("s3:" + endpoint for the object store)
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+    pid: int | None = None
+    log: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    found = Path(sys.executable).with_name(name)
+    if not found.exists():
+        raise StackError(f"{found} is missing: install rlpipe's dependencies (make install)")
+    return str(found)
+
+
+def stack_dir(s: Settings) -> Path:
+    return (s.home / "stack").resolve()
+
+
+def _rlpipe(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()", *args]
+
+
+def _s3(d: Path) -> tuple[Component, dict[str, str]]:
+    access, secret = f"rlpipe-{secrets.token_hex(4)}", secrets.token_urlsafe(24)
+    ident = d / "s3-identities.json"
+    ident.write_text(json.dumps({"identities": [{"name": "rlpipe", "credentials": [{"accessKey": access, "secretKey": secret}],
+                                                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    ident.chmod(0o600)
+    ports = {k: _free_port() for k in ("master", "master.port.grpc", "volume", "volume.port.grpc", "filer",
+                                       "filer.port.grpc", "s3", "s3.port.grpc")}
+    (d / "s3-data").mkdir(exist_ok=True)
+    cmd = [_bin("weed"), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d / 's3-data'}", "-s3",
+           f"-s3.config={ident}", "-volume.max=20", "-master.volumeSizeLimitMB=256", "-volume.preStopSeconds=0",
+           f"-metricsPort={_free_port()}",
+           *(f"-{k if '.' in k else k + '.port'}={v}" for k, v in ports.items())]
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    env = {"RLPIPE_STORAGE_URI": f"s3://{BUCKET}/store", "RLPIPE_S3_ENDPOINT_URL": endpoint,
+           "RLPIPE_S3_ACCESS_KEY_ID": access, "RLPIPE_S3_SECRET_ACCESS_KEY": secret, "RLPIPE_S3_REGION": "us-east-1"}
+    return Component("s3", cmd, f"s3:{endpoint}", endpoint), env
+
+
+def _core(d: Path) -> tuple[list[Component], dict[str, str]]:
+    """The object store, MLflow and Prefect, and the variables that point at them."""
+    s3, env = _s3(d)
+    mlflow_port, prefect_port = _free_port(), _free_port()
+    mlflow = Component("mlflow", [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+                                  "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
+                                  "--artifacts-destination", str(d / "mlartifacts"), "--workers", "1"],
+                       f"http://127.0.0.1:{mlflow_port}/health", f"http://127.0.0.1:{mlflow_port}")
+    prefect = Component("prefect", [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+                        f"http://127.0.0.1:{prefect_port}/api/health", f"http://127.0.0.1:{prefect_port}",
+                        env={"PREFECT_HOME": str(d / "prefect")})
+    env |= {"RLPIPE_TRACKING_URI": mlflow.url, "PREFECT_API_URL": f"{prefect.url}/api",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    return [s3, mlflow, prefect], env
+
+
+def _services(config: RunConfig, d: Path, rollout_replicas: int) -> tuple[list[Component], dict[str, str]]:
+    """The worker and the rlpipe services the config needs, and the variables that point runs at them."""
+    out, env = [], {}
+    port = _free_port()
+    out.append(Component("worker", [_bin("prefect"), "worker", "start", "--pool", "rlpipe-local", "--type", "process",
+                                    "--with-healthcheck"], f"http://127.0.0.1:{port}/health", "pool rlpipe-local",
+                         env={"PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1", "PREFECT_WORKER_WEBSERVER_PORT": str(port)}))
+    wanted = [("verifier", "RLPIPE_VERIFIER_URL", ["serve", "verifier"])]
+    if config.reward.type == "model":
+        wanted.append(("reward-model", "RLPIPE_REWARD_MODEL_URL", ["serve", "reward-model", config.reward_model_spec]))
+    if config.agent is not None:
+        wanted.append(("env", "RLPIPE_ENV_URL", ["serve", "env"]))
+    wanted += [(f"rollout-{k}", "RLPIPE_ROLLOUT_URL", ["serve", "rollout", config.task.policy_model,
+                                                       "--engine", config.rollout.engine]) for k in range(rollout_replicas)]
+    for name, var, args in wanted:
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        out.append(Component(name, _rlpipe(*args, "--port", str(port)), f"{url}/health", url,
+                             env={"RLPIPE_HOME": str(d / name / "home")}))
+        env[var] = f"{env[var]},{url}" if var in env else url
+    return out, env
+
+
+def _start(c: Component, d: Path, env: dict[str, str]) -> None:
+    log = d / f"{c.name}.log"
+    c.log = str(log)
+    with log.open("w") as f:
+        proc = subprocess.Popen(c.cmd, env=os.environ | env | c.env, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=d)
+    c.pid = proc.pid
+    (d / f"{c.name}.pid").write_text(str(proc.pid))
+
+
+def _healthy(c: Component, env: dict[str, str]) -> bool:
+    import httpx
+
+    if c.health.startswith("s3:"):
+        return _bucket_ready(env)
+    try:
+        return httpx.get(c.health, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _bucket_ready(env: dict[str, str]) -> bool:
+    """The S3 API answers and its volumes take a write (the bucket is made on the first try that works)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=env["RLPIPE_S3_ENDPOINT_URL"], aws_access_key_id=env["RLPIPE_S3_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["RLPIPE_S3_SECRET_ACCESS_KEY"], region_name="us-east-1",
+                          config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}))
+    try:
+        if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+            client.create_bucket(Bucket=BUCKET)
+        client.put_object(Bucket=BUCKET, Key="_ready", Body=b"1")
+        return True
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def _wait(components: list[Component], env: dict[str, str], timeout_s: float) -> None:
+    pending, deadline = list(components), time.monotonic() + timeout_s
+    while pending:
+        for c in list(pending):
+            if _pid_alive(c.pid) and _healthy(c, env):
+                pending.remove(c)
+            elif not _pid_alive(c.pid):
+                raise StackError(f"{c.name} exited at start; its log {c.log}:\n{_tail(c.log)}")
+        if pending and time.monotonic() > deadline:
+            c = pending[0]
+            raise StackError(f"{c.name} not healthy at {c.health} after {timeout_s:g} s; its log {c.log}:\n{_tail(c.log)}")
+        time.sleep(0.5)
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap it when it is our child and has exited
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not reaped by a parent that is not us) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def up(config: RunConfig, s: Settings, rollout_replicas: int = 0, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Start the stack (refused while one recorded in this RLPIPE_HOME is still running); returns stack.json."""
+    d = stack_dir(s)
+    if (d / "stack.json").exists() and any(c["alive"] for c in status(s)):
+        raise StackError(f"a stack is already running from {d}: `rlpipe status` shows it, `rlpipe down` stops it")
+    d.mkdir(parents=True, exist_ok=True)
+    core, env = _core(d)
+    started: list[Component] = []
+    try:
+        for c in core:
+            _start(c, d, env)
+            started.append(c)
+        _record(d, started, env)
+        _wait(core, env, timeout_s)
+        _work_pool(env, d)
+        services, svc_env = _services(config, d, rollout_replicas)
+        env |= svc_env
+        for c in services:
+            _start(c, d, env)
+            started.append(c)
+        _record(d, started, env)
+        _wait(services, env, timeout_s)
+    except BaseException:
+        _stop(started)
+        (d / "stack.json").unlink(missing_ok=True)
+        raise
+    return _record(d, started, env)
+
+
+def _work_pool(env: dict[str, str], d: Path) -> None:
+    got = subprocess.run([_bin("prefect"), "work-pool", "create", "rlpipe-local", "--type", "process"], capture_output=True,
+                         text=True, env=os.environ | env | {"PREFECT_HOME": str(d / "prefect")}, timeout=120)
+    if got.returncode != 0 and "already exists" not in (got.stdout + got.stderr):
+        raise StackError(f"prefect work-pool create rlpipe-local failed:\n{(got.stdout + got.stderr)[-2000:]}")
+
+
+def _record(d: Path, started: list[Component], env: dict[str, str]) -> dict[str, Any]:
+    stack = {"components": [asdict(c) | {"env": {}} for c in started], "env": env, "dir": str(d)}
+    (d / "stack.json").write_text(json.dumps(stack, indent=1))
+    (d / "stack.json").chmod(0o600)  # it holds the S3 keys
+    (d / "env.sh").write_text("".join(f"export {k}={v}\n" for k, v in sorted(env.items())))
+    (d / "env.sh").chmod(0o600)
+    return stack
+
+
+def _read(s: Settings) -> dict[str, Any]:
+    path = stack_dir(s) / "stack.json"
+    if not path.exists():
+        raise StackError(f"no stack recorded in {path.parent}: start one with `rlpipe up`")
+    return json.loads(path.read_text())
+
+
+def status(s: Settings) -> list[dict[str, Any]]:
+    """Every recorded component: name, pid, url, log, alive (process), healthy (its health check)."""
+    stack = _read(s)
+    out = []
+    for c in stack["components"]:
+        comp = Component(**c)
+        alive = _pid_alive(comp.pid)
+        out.append({"name": comp.name, "pid": comp.pid, "url": comp.url, "log": comp.log, "alive": alive,
+                    "healthy": alive and _healthy(comp, stack["env"])})
+    return out
+
+
+def _stop(components: list[Component], grace_s: float = 15.0) -> list[str]:
+    """SIGTERM each component's process group (each was started as its own session), then SIGKILL."""
+    stopped = []
+    for c in reversed(components):
+        if not _pid_alive(c.pid):
+            continue
+        try:
+            os.killpg(c.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + grace_s
+        while _pid_alive(c.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _pid_alive(c.pid):
+            os.killpg(c.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while _pid_alive(c.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        stopped.append(c.name)
+    return stopped
+
+
+def down(s: Settings) -> list[str]:
+    """Stop exactly what ``up`` recorded, by PID; returns the names stopped."""
+    d = stack_dir(s)
+    stack = _read(s)
+    stopped = _stop([Component(**c) for c in stack["components"]])
+    for c in stack["components"]:
+        (d / f"{c['name']}.pid").unlink(missing_ok=True)
+    (d / "stack.json").unlink()
+    return stopped
