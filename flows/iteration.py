@@ -122,6 +122,7 @@ def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, An
     )
     metrics |= {k: v[k] for k in ("rm_score_mean", "true_reward_mean") if k in v}
     metrics |= {k: x for src in (r, v) for k, x in src.items() if k.startswith("episode/")}  # agent runs
+    metrics |= {k: x for k, x in r.items() if k.startswith("rollout/")}  # rollout replicas
     if ev:
         metrics["heldout_accuracy"] = ev["accuracy"]
         if val["accuracy"] is not None:

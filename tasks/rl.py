@@ -274,6 +274,8 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> di
                                      settings().env_url)
     else:
         table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
+    if hasattr(svc.engine, "rerouted"):  # rollout replicas: how many answer, how many prompts moved off dead ones
+        stats |= {"rollout/replicas_live": float(len(svc.engine.live())), "rollout/rerouted_prompts": float(svc.engine.rerouted)}
     meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256(),
                     "fingerprint": resume_fingerprint(config)}
     start = time.perf_counter()

@@ -79,6 +79,7 @@ def _s3(d: Path) -> tuple[Component, dict[str, str]]:
     (d / "s3-data").mkdir(exist_ok=True)
     cmd = [_bin("weed"), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d / 's3-data'}", "-s3",
            f"-s3.config={ident}", "-volume.max=20", "-master.volumeSizeLimitMB=256", "-volume.preStopSeconds=0",
+           "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports (8181, 9101): a second weed would clash
            f"-metricsPort={_free_port()}",
            *(f"-{k if '.' in k else k + '.port'}={v}" for k, v in ports.items())]
     endpoint = f"http://127.0.0.1:{ports['s3']}"

@@ -68,6 +68,7 @@ def start_s3_server(workdir: Path, bucket: str = "rlpipe-test", timeout: float =
     cmd = [
         weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={workdir / 'data'}",
         "-s3", f"-s3.config={cfg}", "-volume.max=20", "-master.volumeSizeLimitMB=64",
+        "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports (8181, 9101): a second weed would clash
         f"-master.port={ports['master']}", f"-master.port.grpc={ports['master.grpc']}",
         f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume.grpc']}",
         f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer.grpc']}",
