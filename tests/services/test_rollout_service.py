@@ -211,7 +211,7 @@ def test_replicas_split_a_batch_and_a_dead_ones_share_goes_to_the_others(tiny_ch
 def test_serve_rollout_on_vllm_samples_what_the_in_process_engine_samples(tiny_checkpoint, tmp_path):
     """`rlpipe serve rollout` as its own process with its own RLPIPE_HOME: same seed, same samples and
     log-probs as vLLM in this process; a weight load through the store changes both alike."""
-    from rlpipe.rollout.engines import new_engine
+    from rlpipe.rollout.engines import get_engine
 
     port, store = free_port(), open_store(str(tmp_path / "store"))
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
@@ -220,7 +220,9 @@ def test_serve_rollout_on_vllm_samples_what_the_in_process_engine_samples(tiny_c
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", "rollout", str(tiny_checkpoint), "--port", str(port)],
                             env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)
-    local = new_engine("vllm", tiny_checkpoint)
+    # The process's shared engine, never closed: closing a vLLM engine tears down this process's torch.distributed
+    # group, which the trainer tests after this one need.
+    local = get_engine("vllm", tiny_checkpoint, max_model_len=64)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 240, log.read_text)
@@ -234,6 +236,6 @@ def test_serve_rollout_on_vllm_samples_what_the_in_process_engine_samples(tiny_c
         assert max_gap(remote.sequence_logprobs(PROMPTS, PROMPTS), local.sequence_logprobs(PROMPTS, PROMPTS)) <= 1e-5
         assert scrape(url)["rlpipe_rollout_weight_loads_total"] == 1
     finally:
-        local.close()
+        local.load_weights(tiny_checkpoint)  # as the other tests expect to find it
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
