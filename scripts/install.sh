@@ -27,28 +27,25 @@ if [ "${1:-}" = --venv-path ]; then echo "$venv"; exit 0; fi
 # pip prints a warning per package for missing local index folders on some machines: hide those.
 pipq() { "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }; return "${PIPESTATUS[0]}"; }
 
-# System packages: bubblewrap for the code sandbox (libseccomp2 ships with Debian). Installed when
-# missing and we are root; otherwise the sandbox runs at a weaker level and says so.
-# RLPIPE_NO_SYSTEM_PACKAGES=1 skips this (tests that install clones).
-if [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ] && ! command -v bwrap >/dev/null 2>&1; then
+# System packages, installed when missing and we are root (else a warning says what is lost).
+# RLPIPE_NO_SYSTEM_PACKAGES=1 skips them (tests that install clones).
+#   apt_install PACKAGE WHAT-FAILS-WITHOUT-IT
+apt_install() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[install] apt-get install bubblewrap"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
-      || echo "[install] WARNING: could not install bubblewrap; the sandbox will run at a weaker isolation level"
+    echo "[install] apt-get install $1"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") >/dev/null 2>&1 \
+      || echo "[install] WARNING: could not install $1; $2"
   else
-    echo "[install] WARNING: bubblewrap (bwrap) is missing; install it for full sandbox isolation"
+    echo "[install] WARNING: $1 is missing and this is not root with apt-get; $2"
   fi
-fi
-# Debian's chromium for the report's browser test (tests/tracking/test_report.py drives it with
-# Playwright; `playwright install` would download a browser, which this machine may not be able to).
-# Only `make test` asks for it (RLPIPE_INSTALL_BROWSER=1): the demo does not need a browser.
-if [ "${RLPIPE_INSTALL_BROWSER:-0}" = 1 ] && [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ] && [ ! -x /usr/bin/chromium ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[install] apt-get install chromium"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
-      || echo "[install] WARNING: could not install chromium; the report's browser test will fail until it is installed"
-  else
-    echo "[install] WARNING: /usr/bin/chromium is missing; install Debian's chromium for the report's browser test"
+}
+if [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ]; then
+  # bubblewrap for the code sandbox (libseccomp2 ships with Debian).
+  command -v bwrap >/dev/null 2>&1 || apt_install bubblewrap "the sandbox runs at a weaker isolation level"
+  # Debian's chromium for the report's browser test (Playwright drives it; `playwright install` would
+  # download a browser). Only `make test` asks for it (RLPIPE_INSTALL_BROWSER=1): the demo needs none.
+  if [ "${RLPIPE_INSTALL_BROWSER:-0}" = 1 ] && [ ! -x /usr/bin/chromium ]; then
+    apt_install chromium "the report's browser test (tests/tracking/test_report.py) fails until it is installed"
   fi
 fi
 
