@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.config import RunConfig, Settings
+from rlpipe.net import free_port
 
 __all__ = ["StackError", "down", "status", "up"]
 
@@ -45,12 +45,6 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
     pid: int | None = None
     log: str = ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bin(name: str) -> str:
@@ -74,13 +68,13 @@ def _s3(d: Path) -> tuple[Component, dict[str, str]]:
     ident.write_text(json.dumps({"identities": [{"name": "rlpipe", "credentials": [{"accessKey": access, "secretKey": secret}],
                                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     ident.chmod(0o600)
-    ports = {k: _free_port() for k in ("master", "master.port.grpc", "volume", "volume.port.grpc", "filer",
+    ports = {k: free_port() for k in ("master", "master.port.grpc", "volume", "volume.port.grpc", "filer",
                                        "filer.port.grpc", "s3", "s3.port.grpc")}
     (d / "s3-data").mkdir(exist_ok=True)
     cmd = [_bin("weed"), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d / 's3-data'}", "-s3",
            f"-s3.config={ident}", "-volume.max=20", "-master.volumeSizeLimitMB=256", "-volume.preStopSeconds=0",
            "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports (8181, 9101): a second weed would clash
-           f"-metricsPort={_free_port()}",
+           f"-metricsPort={free_port()}",
            *(f"-{k if '.' in k else k + '.port'}={v}" for k, v in ports.items())]
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     env = {"RLPIPE_STORAGE_URI": f"s3://{BUCKET}/store", "RLPIPE_S3_ENDPOINT_URL": endpoint,
@@ -91,7 +85,7 @@ def _s3(d: Path) -> tuple[Component, dict[str, str]]:
 def _core(d: Path) -> tuple[list[Component], dict[str, str]]:
     """The object store, MLflow and Prefect, and the variables that point at them."""
     s3, env = _s3(d)
-    mlflow_port, prefect_port = _free_port(), _free_port()
+    mlflow_port, prefect_port = free_port(), free_port()
     mlflow = Component("mlflow", [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
                                   "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
                                   "--artifacts-destination", str(d / "mlartifacts"), "--workers", "1"],
@@ -107,7 +101,7 @@ def _core(d: Path) -> tuple[list[Component], dict[str, str]]:
 def _services(config: RunConfig, d: Path, rollout_replicas: int) -> tuple[list[Component], dict[str, str]]:
     """The worker and the rlpipe services the config needs, and the variables that point runs at them."""
     out, env = [], {}
-    port = _free_port()
+    port = free_port()
     out.append(Component("worker", [_bin("prefect"), "worker", "start", "--pool", "rlpipe-local", "--type", "process",
                                     "--with-healthcheck"], f"http://127.0.0.1:{port}/health", "pool rlpipe-local",
                          env={"PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1", "PREFECT_WORKER_WEBSERVER_PORT": str(port)}))
@@ -119,7 +113,7 @@ def _services(config: RunConfig, d: Path, rollout_replicas: int) -> tuple[list[C
     wanted += [(f"rollout-{k}", "RLPIPE_ROLLOUT_URL", ["serve", "rollout", config.task.policy_model,
                                                        "--engine", config.rollout.engine]) for k in range(rollout_replicas)]
     for name, var, args in wanted:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         out.append(Component(name, _rlpipe(*args, "--port", str(port)), f"{url}/health", url,
                              env={"RLPIPE_HOME": str(d / name / "home")}))

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,10 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlpipe.net import free_port  # noqa: E402 - re-exported for the tests
 
 
 @dataclass
@@ -55,6 +51,17 @@ def weed_binary() -> str:
 
 
 def start_s3_server(workdir: Path, bucket: str = "rlpipe-test", timeout: float = 60.0) -> S3Server:
+    """Start weed; a port taken between choosing and binding it (another listener) means a retry on new ports."""
+    for attempt in range(3):
+        try:
+            return _start_once(workdir if attempt == 0 else workdir / f"retry{attempt}", bucket, timeout)
+        except RuntimeError as e:
+            if "address already in use" not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_once(workdir: Path, bucket: str, timeout: float) -> S3Server:
     workdir.mkdir(parents=True, exist_ok=True)
     access, secret = "rlpipe-test-key", "rlpipe-test-secret"
     cfg = workdir / "s3.json"
@@ -88,7 +95,10 @@ def start_s3_server(workdir: Path, bucket: str = "rlpipe-test", timeout: float =
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"weed exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
+            text = log.read_text()
+            if "address already in use" in text:
+                raise RuntimeError(f"weed could not bind a port (address already in use); see {log}")
+            raise RuntimeError(f"weed exited with {proc.returncode}; see {log}:\n{text[-2000:]}")
         try:
             client.create_bucket(Bucket=bucket)
             client.put_object(Bucket=bucket, Key="_ready", Body=b"1")  # volumes are writable, not just the API

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import random
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,16 +37,11 @@ from rlpipe.algorithms import (
 )
 from rlpipe.algorithms.functional import entropy_from_logits, logprob_gap, masked_mean, masked_stats, token_logprobs
 from rlpipe.config import TrainConfig
+from rlpipe.net import free_port
 from rlpipe.storage.samples import Sample
 from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256, rng_state, set_rng_state
 
 __all__ = ["PolicyTrainer", "Sample", "init_distributed"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed() -> tuple[int, int]:
@@ -63,7 +57,7 @@ def init_distributed() -> tuple[int, int]:
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(k, v)
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
