@@ -43,6 +43,11 @@ def _store(config: RunConfig):
     return open_store(s.resolve_storage_uri(config), s)
 
 
+def _urls(config: RunConfig):
+    """Settings with the services the config names (an RLPIPE_*_URL variable overrides its key)."""
+    return settings().for_run(config)
+
+
 def fault_point(iteration: int, stage: str) -> None:
     """Test hook: ``RLPIPE_FAULT=<iteration>:<stage>`` SIGKILLs this process right after that stage."""
     if os.environ.get("RLPIPE_FAULT") == f"{iteration}:{stage}":
@@ -103,7 +108,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     max_len = max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
     if config.agent is not None:  # an episode's whole context
         max_len = config.agent.max_context
-    if settings().rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
+    if _urls(config).rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
         engine = _remote_engine(config, run_id, policy_dir)
     else:
         engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
@@ -127,7 +132,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     pool = svc.pool
     register_services(svc)
     log.info("services up in %.1f s (engine %s %.1f s, verifier %s%s); policy %s", time.perf_counter() - start,
-             engine.name, engine_s, settings().verifier_url or f"{pool.size} local workers",
+             engine.name, engine_s, _urls(config).verifier_url or f"{pool.size} local workers",
              f", reward model {svc.reward_model.version}" if svc.reward_model else "", expected[:12])
     return {"engine": engine.name, "policy_version": expected, "start_s": time.perf_counter() - start,
             "sandbox_level": sandbox_level, "probe_max_abs_diff": proof,
@@ -140,7 +145,7 @@ def _remote_engine(config: RunConfig, run_id: str, policy_dir: str):
     from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine
 
     store = _store(config)
-    engine = ReplicatedEngine([RemoteEngine(url, store, run_id) for url in settings().rollout_urls])
+    engine = ReplicatedEngine([RemoteEngine(url, store, run_id) for url in _urls(config).rollout_urls])
     engine.load_weights(policy_dir)
     return engine
 
@@ -149,7 +154,7 @@ def _reward_model(config: RunConfig):
     """The reward-model service when RLPIPE_REWARD_MODEL_URL is set, else the model in this process."""
     from rlpipe.rewards.model import LocalRewardModel, RemoteRewardModel
 
-    url = settings().reward_model_url
+    url = _urls(config).reward_model_url
     if url:
         rm = RemoteRewardModel(url)
         if not rm.healthy():
@@ -211,7 +216,7 @@ def _seed_norm(config: RunConfig, svc: RunServices):
 
 def _verifier_pool(config: RunConfig):
     """The verifier service when RLPIPE_VERIFIER_URL is set, else a local pool of worker processes."""
-    url = settings().verifier_url
+    url = _urls(config).verifier_url
     if not url:
         return VerifierPool(workers=config.reward.workers, grace_s=config.reward.grace_s,
                             plugins=tuple(config.reward.plugins), options=config.reward.verifier_options())
@@ -230,7 +235,7 @@ def _check_sandbox_floor(config: RunConfig, rows: list[dict[str, Any]]) -> str |
     used = sandboxed_verifiers(r["task"] for r in rows)
     if not used:
         return None
-    if settings().verifier_url:
+    if _urls(config).verifier_url:
         return "remote"
     from rlpipe.sandbox import isolation_report
 
@@ -271,7 +276,7 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> di
         from rlpipe.rollout.agent import agent_rollout
 
         table, stats = agent_rollout(svc.engine, svc.tokenizer, config.agent, prompts, sampling, run_id, iteration,
-                                     settings().env_url)
+                                     _urls(config).env_url)
     else:
         table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
     if hasattr(svc.engine, "rerouted"):  # rollout replicas: how many answer, how many prompts moved off dead ones
@@ -473,7 +478,7 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
     if config.agent is not None:
         from rlpipe.rollout.agent import agent_evaluate
 
-        out = agent_evaluate(svc.engine, svc.tokenizer, config.agent, rows, config.rollout.max_new_tokens, settings().env_url)
+        out = agent_evaluate(svc.engine, svc.tokenizer, config.agent, rows, config.rollout.max_new_tokens, _urls(config).env_url)
         return out | {"eval_s": time.perf_counter() - start, "policy_version": svc.engine.weights_sha256()}
     prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
                for r in rows]

@@ -595,7 +595,7 @@ def serve_reward_model(
     max_batch_items: Annotated[int, typer.Option(help="Most items scored in one forward batch (concurrent requests are micro-batched).")] = 512,
     request_timeout: Annotated[float, typer.Option(help="Seconds a request without timeout_s waits before its items get status timeout.")] = 30.0,
 ) -> None:
-    """HTTP reward-model service: /health, batch /score, /metrics. Point runs at it with RLPIPE_REWARD_MODEL_URL."""
+    """HTTP reward-model service: /health, batch /score, /metrics. Point runs at it with services.reward_model (or RLPIPE_REWARD_MODEL_URL)."""
     from rlpipe.services.reward_model import serve
     from rlpipe.training.models import load_reward_model
 
@@ -620,7 +620,7 @@ def serve_verifier(
     plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra verifiers (repeatable).")] = None,
     timeout: Annotated[Optional[float], typer.Option(hidden=True)] = None,
 ) -> None:
-    """HTTP verifier service: /health, batch /verify, /metrics. Point runs at it with RLPIPE_VERIFIER_URL."""
+    """HTTP verifier service: /health, batch /verify, /metrics. Point runs at it with services.verifier (or RLPIPE_VERIFIER_URL)."""
     if timeout is not None:
         typer.echo("serve verifier: --timeout was removed: each sample's deadline is its verifier's declared "
                    "budget plus --grace; use --grace SECONDS", err=True)
@@ -645,7 +645,7 @@ def serve_rollout(
     seed: Annotated[int, typer.Option(help="Engine seed (requests carry their own sampling seeds).")] = 0,
 ) -> None:
     """HTTP rollout service: /generate, /logprobs, /weights (from the object store, hash-checked), /health,
-    /metrics. Runs point at its replicas with RLPIPE_ROLLOUT_URL (comma-separated)."""
+    /metrics. Runs point at its replicas with services.rollout (or RLPIPE_ROLLOUT_URL, comma-separated)."""
     from rlpipe.rollout.engines import new_engine
     from rlpipe.services.rollout import serve
     from rlpipe.storage import open_store
@@ -689,7 +689,7 @@ def serve_env(
     allow_host: Annotated[Optional[list[str]], typer.Option(help="host:port environments may reach through rlpipe.envs.net.connect (repeatable); default: no network.")] = None,
 ) -> None:
     """HTTP environment service: /health, /reset, /step, /metrics; every call in its own sandbox.
-    Point runs at it with agent.service_url (or RLPIPE_ENV_URL)."""
+    Point runs at it with services.env (or RLPIPE_ENV_URL)."""
     import importlib
 
     from rlpipe.envs.sandboxed import SandboxOptions

@@ -635,6 +635,28 @@ class AlertsConfig(_Strict):
                                     "for an automation to cancel it before it starts the next iteration.")
 
 
+class ServicesConfig(_Strict):
+    """Where a run's services run. Unset: in this process (a local verifier pool, an in-process engine and
+    trainer). Each ``RLPIPE_<SERVICE>_URL`` variable overrides its key on a machine; tokens come only from
+    the environment (``RLPIPE_<SERVICE>_TOKEN``), never from a config."""
+
+    rollout: list[str] = Field(default_factory=list, description="Rollout service replicas (rlpipe serve rollout): prompts "
+                               "are split across them and a dead one's share goes to the others. Env: RLPIPE_ROLLOUT_URL.")
+    trainer: str | None = Field(None, description="The trainer service (rlpipe serve trainer). Env: RLPIPE_TRAINER_URL.")
+    verifier: str | None = Field(None, description="The verifier service (rlpipe serve verifier). Env: RLPIPE_VERIFIER_URL.")
+    reward_model: str | None = Field(None, description="The reward-model service (rlpipe serve reward-model). "
+                                     "Env: RLPIPE_REWARD_MODEL_URL.")
+    env: str | None = Field(None, description="The environment service of agent runs (rlpipe serve env). Env: RLPIPE_ENV_URL.")
+
+    @field_validator("rollout", "trainer", "verifier", "reward_model", "env")
+    @classmethod
+    def _http(cls, v: Any) -> Any:
+        for url in (v if isinstance(v, list) else [v]):
+            if url is not None and not str(url).startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not a service URL: give http(s)://HOST:PORT")
+        return v
+
+
 class RetentionConfig(_Strict):
     """What ``rlpipe gc`` keeps in the object store and the registry. It never deletes a checkpoint a registry
     alias points to (best, latest, base, …), a run's resume point, a model version a run's config names, or
@@ -664,6 +686,8 @@ class RunConfig(_Strict):
     agent: AgentConfig | None = Field(None, description="Multi-step agentic RL in an environment; null: single-turn.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Alert rules on a run's metrics.")
     retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What `rlpipe gc` keeps.")
+    services: ServicesConfig = Field(default_factory=ServicesConfig, description="Where the run's services run "
+                                     "(default: in this process).")
     seed: int = Field(0, description="Seed for model init, sampling and data order.")
 
     @model_validator(mode="after")
@@ -863,6 +887,15 @@ class Settings(BaseModel):
         None, description="RLPIPE_REWARD_MODEL_URL: score with the reward-model service instead of in-process")
     rollout_urls: tuple[str, ...] = Field(
         (), description="RLPIPE_ROLLOUT_URL: rollout service replicas (comma-separated) instead of an in-process engine")
+    trainer_url: str | None = Field(None, description="RLPIPE_TRAINER_URL: update through the trainer service")
+
+    def for_run(self, cfg: RunConfig) -> "Settings":
+        """These settings with the service URLs the config names where no RLPIPE_*_URL variable set one."""
+        sv = cfg.services
+        return self.model_copy(update={
+            "rollout_urls": self.rollout_urls or tuple(sv.rollout), "trainer_url": self.trainer_url or sv.trainer,
+            "verifier_url": self.verifier_url or sv.verifier, "reward_model_url": self.reward_model_url or sv.reward_model,
+            "env_url": self.env_url or sv.env})
 
     def resolve_storage_uri(self, cfg: RunConfig | None = None) -> str:
         if self.storage_uri:
@@ -901,4 +934,5 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         env_url=env.get("RLPIPE_ENV_URL") or None,
         reward_model_url=env.get("RLPIPE_REWARD_MODEL_URL") or None,
         rollout_urls=tuple(u.strip() for u in env.get("RLPIPE_ROLLOUT_URL", "").split(",") if u.strip()),
+        trainer_url=env.get("RLPIPE_TRAINER_URL") or None,
     )

@@ -191,7 +191,16 @@ def _services(cfg: RunConfig, s: Settings) -> list[tuple[str, Callable[[RunConfi
                                                                   "RLPIPE_REWARD_MODEL_URL", "scored in-process")))
     if cfg.agent is not None:
         out.append(("environment", _environment))
+    if s.trainer_url:
+        out.append(("trainer", lambda c, st: _http_health(st.trainer_url, "trainer service",
+                                                          "start it (rlpipe serve trainer) or unset services.trainer / RLPIPE_TRAINER_URL")))
     return out
+
+
+def _rollout_replicas(cfg: RunConfig, s: Settings) -> str:
+    """Every rollout replica's /health (a run goes on with fewer, but a config naming a dead one is a fault)."""
+    return "; ".join(_http_health(url, "rollout replica", "start it (rlpipe serve rollout) or drop it from services.rollout "
+                                  "/ RLPIPE_ROLLOUT_URL") for url in s.rollout_urls)
 
 
 def _verifier(cfg: RunConfig, s: Settings) -> str:
@@ -272,7 +281,9 @@ def _plan(cfg: RunConfig, s: Settings, engine: bool, local_pool: bool) -> list[t
     """The checks in order; preflight leaves out what the run's own start proves (``engine``, ``local_pool``)."""
     checks = [("object-store", _object_store), ("mlflow-tracking", _mlflow_tracking), ("mlflow-registry", _mlflow_registry),
               ("prefect-api", _prefect_api)]
-    if engine:
+    if s.rollout_urls:
+        checks.append(("rollout-service", _rollout_replicas))
+    elif engine:
         checks.append(("rollout-engine", _rollout_engine))
     services = [(n, _started_by_the_run if n == "verifier" and not local_pool and not s.verifier_url else fn)
                 for n, fn in _services(cfg, s)]
@@ -308,7 +319,7 @@ def _one(name: str, fn: Callable[[RunConfig, Settings], str], cfg: RunConfig, s:
 def run_checks(cfg: RunConfig, s: Settings, engine: bool = True, timeout_s: float = 120.0,
                progress: Callable[[Check], None] | None = None, local_pool: bool = True) -> list[Check]:
     """Every check this config needs, in order; ``progress`` sees each result as it comes."""
-    out = []
+    out, s = [], s.for_run(cfg)
     for name, fn in _plan(cfg, s, engine, local_pool):
         check = _one(name, fn, cfg, s, timeout_s)
         out.append(check)

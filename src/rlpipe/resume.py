@@ -28,13 +28,16 @@ __all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "re
 
 # Keys a resume may change without being a different experiment.
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
-# Sections that watch or tidy a run without steering it (alerts, retention): free to change on a resume.
-OPERATIONAL_PREFIXES = ("alerts.", "retention.")
+# Sections that watch, tidy or place a run without steering it (alerts, retention, where its services run):
+# free to change on a resume.
+OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.")
 
 
 def _steers(key: str) -> bool:
     return key not in EXTENDABLE_KEYS and not key.startswith(OPERATIONAL_PREFIXES)
-_STATE_DONE = "_state_complete.json"
+
+
+STATE_DONE = "_state_complete.json"  # written last: the state above it is whole
 
 
 class ResumeRefused(RuntimeError):
@@ -101,7 +104,7 @@ class RunState:
         return self._checkpoint(iteration)
 
     def state_complete(self, iteration: int, weights_sha256: str) -> bool:
-        key = f"{self._checkpoint(iteration)}/{_STATE_DONE}"
+        key = f"{self._checkpoint(iteration)}/{STATE_DONE}"
         return self.store.exists(key) and self.store.get_json(key).get("weights_sha256") == weights_sha256
 
     def upload_state(self, local: Path, iteration: int, weights_sha256: str) -> str:
@@ -110,9 +113,13 @@ class RunState:
         if self.state_complete(iteration, weights_sha256):
             return self.store.url(prefix)
         uri = self.store.upload_dir(local, prefix)
-        files = sorted(p.relative_to(local).as_posix() for p in Path(local).rglob("*") if p.is_file())
-        self.store.put_json(f"{prefix}/{_STATE_DONE}", {"weights_sha256": weights_sha256, "files": files})
+        self.mark_complete(iteration, weights_sha256, sorted(p.relative_to(local).as_posix() for p in Path(local).rglob("*")
+                                                             if p.is_file()))
         return uri
+
+    def mark_complete(self, iteration: int, weights_sha256: str, files: list[str]) -> None:
+        """The marker that says the state of ``iteration`` is whole in the store: written after every file."""
+        self.store.put_json(f"{self._checkpoint(iteration)}/{STATE_DONE}", {"weights_sha256": weights_sha256, "files": files})
 
     def save_point(self, progress: dict[str, Any]) -> None:
         """Record in the store that the run can resume after ``progress['completed_iteration']``."""
@@ -130,7 +137,7 @@ class RunState:
         if dest.exists():
             shutil.rmtree(dest)
         self.store.download_dir(progress["resume_state"], dest)
-        (dest / _STATE_DONE).unlink(missing_ok=True)
+        (dest / STATE_DONE).unlink(missing_ok=True)
         got = file_weights_sha256(dest)
         if got != progress["weights_sha256"]:
             raise RuntimeError(f"{self.store.url(progress['resume_state'])} holds weights {got[:12]}, its progress "

@@ -584,6 +584,10 @@ class PolicyTrainer:
         return digest
 
     def _load_state(self, folder: Path) -> None:
+        saved = json.loads((folder / TRAINER_STATE).read_text())
+        if self.cfg.zero_stage > 0 and int(saved.get("world_size", self.world)) != self.world:
+            raise ValueError(f"{folder} was saved by {saved['world_size']} rank(s) with ZeRO stage {self.cfg.zero_stage}, "
+                             f"which splits the optimizer state by rank; resume it with {saved['world_size']} rank(s)")
         path, _ = self.engine.load_checkpoint(str(folder / "deepspeed"), tag="state", load_optimizer_states=True)
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed holds no DeepSpeed checkpoint 'state'")
@@ -591,7 +595,7 @@ class PolicyTrainer:
             path, _ = self.critic.load_checkpoint(str(folder / "critic"), tag="state", load_optimizer_states=True)
             if path is None:
                 raise FileNotFoundError(f"{folder}/critic holds no critic checkpoint; was it saved by a run without a critic?")
-        self.state = json.loads((folder / TRAINER_STATE).read_text())
+        self.state = saved
         if "kl_controller" in self.state:
             self.kl_ctl.load_state_dict(self.state["kl_controller"])
         rng = folder / "rng.pt"

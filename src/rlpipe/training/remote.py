@@ -1,0 +1,114 @@
+"""The trainer service (``rlpipe serve trainer``) driven like an in-process :class:`PolicyTrainer`.
+
+Nothing moves but through the object store and HTTP: the start policy (and reference / critic models)
+are uploaded once under ``runs/<run>/trainer/<what>/<sha256[:16]>/``; a resume names the run's checkpoint
+prefix in the store; each update names the scored stages and gets back the sha256 of the new weights and
+the checkpoint prefix the service wrote them to, marked whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlpipe.config import TrainConfig
+from rlpipe.services import calls
+
+__all__ = ["RemoteTrainer", "TrainerDown", "upload_model"]
+
+
+class TrainerDown(ConnectionError):
+    """The trainer service did not answer, or answered with a server error."""
+
+
+def upload_model(store: Any, run_id: str, what: str, folder: str | Path) -> dict[str, str]:
+    """A model folder in the store under the run's prefix (once per content): {"uri", "sha256"}."""
+    from rlpipe.training.checkpoint import file_weights_sha256
+
+    sha = file_weights_sha256(folder)
+    key = f"runs/{run_id}/trainer/{what}/{sha[:16]}"
+    if not store.exists(f"{key}/_uploaded.json"):
+        store.upload_dir(folder, key)
+        store.put_json(f"{key}/_uploaded.json", {"weights_sha256": sha})
+    return {"uri": store.url(key), "sha256": sha}
+
+
+class RemoteTrainer:
+    """One trainer service at ``url`` holding this run's policy; ``rank``/``world`` as the service reports."""
+
+    remote = True
+
+    def __init__(self, url: str, store: Any, run_id: str, model_dir: str, cfg: TrainConfig, temperature: float = 1.0,
+                 seed: int = 0, ref_model_dir: str | None = None, resume_dir: str | None = None,
+                 max_new_tokens: int | None = None, timeout_s: float = 3600.0):
+        from transformers import AutoTokenizer
+
+        self.url, self.store, self.run_id, self.cfg, self.timeout_s = url.rstrip("/"), store, run_id, cfg, timeout_s
+        self.name = f"trainer@{self.url}"
+        self.tokenizer = AutoTokenizer.from_pretrained(resume_dir or model_dir)
+        train = cfg.model_dump(mode="json")
+        critic = upload_model(store, run_id, "critic", cfg.critic.model) if cfg.critic.model else None
+        body = {"run_id": run_id, "policy": upload_model(store, run_id, "policy", model_dir),
+                "resume": self._resume(resume_dir) if resume_dir else None,
+                "ref": upload_model(store, run_id, "ref", ref_model_dir) if ref_model_dir and cfg.uses_reference else None,
+                "critic": critic, "train": train, "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens}
+        got = self._post("/init", body)
+        self.version, self.world, self.rank = got["version"], int(got["world"]), 0
+
+    def _resume(self, resume_dir: str) -> dict[str, str]:
+        """The run's checkpoint in the store that ``resume_dir`` is a copy of (uploaded first if it is not there whole)."""
+        from rlpipe.resume import RunState
+        from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256
+
+        state = json.loads((Path(resume_dir) / TRAINER_STATE).read_text())
+        k, sha = int(state["iteration"]), file_weights_sha256(resume_dir)
+        run = RunState(self.store, Path(resume_dir), self.run_id)
+        if not run.state_complete(k, sha):
+            if not (Path(resume_dir) / "deepspeed").is_dir():
+                raise FileNotFoundError(f"the state of iteration {k} ({sha[:12]}) is neither whole in "
+                                        f"{self.store.url(run.checkpoint_prefix(k))} nor complete in {resume_dir}")
+            run.upload_state(Path(resume_dir), k, sha)
+        return {"uri": self.store.url(run.checkpoint_prefix(k)), "sha256": sha}
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        try:
+            r = calls.post("trainer", f"{self.url}{path}", json=body, timeout=self.timeout_s)
+        except httpx.HTTPError as e:
+            raise TrainerDown(f"trainer service {self.url}{path}: {type(e).__name__}: {e}; restart it and resume the run "
+                              "with the same --run-id (its state is in the object store)") from None
+        if r.status_code >= 500 or r.status_code == 429:
+            raise TrainerDown(f"trainer service {self.url}{path}: HTTP {r.status_code}: {r.text[:500]}")
+        if r.status_code != 200:
+            raise ValueError(f"trainer service {self.url}{path} refused the request: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def update_stages(self, stages: list[str], iteration: int, dynamic_batch: int | None, step_rewards: bool,
+                      extra_state: dict[str, Any]) -> dict[str, Any]:
+        """One update on the scored stages; the new state is in the store when ``saved``."""
+        out = self._post("/update", {"run_id": self.run_id, "iteration": iteration, "stages": stages,
+                                     "dynamic_batch": dynamic_batch, "step_rewards": step_rewards, "extra_state": extra_state})
+        if out.get("saved"):
+            self.version = out["weights_sha256"]
+        return out
+
+    def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+        return self._post("/logprobs", {"run_id": self.run_id, "prompts": prompts, "continuations": continuations})["logprobs"]
+
+    def fetch_weights(self, prefix: str, sha256: str, dest: Path) -> Path:
+        """The top-level files of a checkpoint (weights, config, tokenizer, trainer state) into ``dest``, checked."""
+        import shutil
+
+        from rlpipe.training.checkpoint import file_weights_sha256
+
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for key in self.store.list(prefix):
+            rel = key[len(prefix.strip("/")) + 1:]
+            if "/" not in rel and not rel.startswith("_"):
+                (dest / rel).write_bytes(self.store.get_bytes(key))
+        if (got := file_weights_sha256(dest)) != sha256:
+            raise ValueError(f"{self.store.url(prefix)} holds weights {got[:12]}, the trainer service reported {sha256[:12]}")
+        return dest
