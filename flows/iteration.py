@@ -23,7 +23,7 @@ _UPDATE_METRICS = frozenset({
     "samples_excluded", "samples_generated", "optimizer_steps", "nonfinite_steps", "vf_loss", "vf_clip_frac",
     "value_mse", "explained_variance", "critic_grad_norm",
 })
-_UPDATE_PREFIXES = ("dynamic/", "mismatch/", "ratio/", "advantage/", "tis/")
+_UPDATE_PREFIXES = ("dynamic/", "mismatch/", "ratio/", "advantage/", "tis/", "trainer/")
 
 
 def _due(iteration: int, every: int, last: int) -> bool:

@@ -94,8 +94,6 @@ def _reusable(config: RunConfig, meta: dict[str, Any], expect: dict[str, Any], w
 @task(name="start-services", cache_policy=NO_CACHE, timeout_seconds=900)
 def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], model_dir: str, resume_dir: str | None) -> dict[str, Any]:
     """Start (or reuse) the rollout engine, the trainer and the verifier pool for this run."""
-    from rlpipe.training.trainer import PolicyTrainer
-
     log = run_logger()
     rows = _store(config).read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
     sandbox_level = _check_sandbox_floor(config, rows)  # before anything slow starts
@@ -113,10 +111,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     else:
         engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
     engine_s = time.perf_counter() - start
-    trainer = PolicyTrainer(
-        model_dir=model_dir, cfg=config.train, temperature=config.rollout.temperature or 1.0, seed=config.seed,
-        ref_model_dir=config.task.ref_model, resume_dir=resume_dir, max_new_tokens=config.rollout.max_new_tokens,
-    )
+    trainer = _trainer(config, run_id, model_dir, resume_dir)
     expected = file_weights_sha256(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
@@ -138,6 +133,20 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
             "sandbox_level": sandbox_level, "probe_max_abs_diff": proof,
             "reward_model_version": svc.reward_model.version if svc.reward_model else None,
             "reward_stats": svc.reward_model.stats if svc.reward_model else None}
+
+
+def _trainer(config: RunConfig, run_id: str, model_dir: str, resume_dir: str | None):
+    """The trainer service the config names (it gets the start weights through the store), else one in this process."""
+    args = {"model_dir": model_dir, "cfg": config.train, "temperature": config.rollout.temperature or 1.0,
+            "seed": config.seed, "ref_model_dir": config.task.ref_model, "resume_dir": resume_dir,
+            "max_new_tokens": config.rollout.max_new_tokens}
+    if url := _urls(config).trainer_url:
+        from rlpipe.training.remote import RemoteTrainer
+
+        return RemoteTrainer(url, _store(config), run_id, **args)
+    from rlpipe.training.trainer import PolicyTrainer
+
+    return PolicyTrainer(**args)
 
 
 def _remote_engine(config: RunConfig, run_id: str, policy_dir: str):
@@ -359,6 +368,9 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
 def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dict[str, Any]]) -> dict[str, Any]:
     """One trainer update on the iteration's scored draws (with dynamic sampling: the groups with signal)."""
     svc = services(run_id)
+    extra_state = {"iteration": iteration, "run_id": run_id, "config_fingerprint": config.fingerprint()}
+    if getattr(svc.trainer, "remote", False):
+        return _remote_update(config, svc, run_id, iteration, verify_refs, extra_state)
     store = _store(config)
     start = time.perf_counter()
     tables = [store.read_stage(ref["prefix"], schema=TRAJECTORY_SCHEMA) for ref in verify_refs]
@@ -366,10 +378,6 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dic
     dyn: dict[str, float] = {}
     if config.rollout.dynamic_sampling:
         table, dyn = filter_groups(tables, config.rollout.batch_size)
-        if dyn["dynamic/groups_kept"] < config.rollout.batch_size:
-            run_logger().warning(
-                "ALERT iteration %d: dynamic sampling kept %d/%d groups after %d draws (rollout.max_extra_draws caps it)",
-                iteration, dyn["dynamic/groups_kept"], config.rollout.batch_size, len(tables))
     else:
         table = pa.concat_tables(tables)
     start = time.perf_counter()
@@ -377,18 +385,46 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dic
     metrics = svc.trainer.update(table_to_samples(table, step_rewards), iteration) | dyn
     metrics["samples_generated"] = float(sum(t.num_rows for t in tables))
     update_s = time.perf_counter() - start
+    _check_dynamic(config, iteration, metrics, len(tables))
     _check_nonfinite(config, iteration, metrics)
     start = time.perf_counter()
     folder = state_dir(run_id, iteration)
     if folder.exists():
         shutil.rmtree(folder)
-    digest = svc.trainer.save(folder, extra_state={"iteration": iteration, "run_id": run_id,
-                                                   "config_fingerprint": config.fingerprint()})
+    digest = svc.trainer.save(folder, extra_state=extra_state)
     save_s = time.perf_counter() - start
     fault_point(iteration, "update")
     return {"metrics": metrics, "update_s": update_s, "save_s": save_s, "read_s": read_s,
             "state_dir": str(folder), "weights_sha256": digest,
             "train_tokens_per_s": metrics.get("tokens", 0.0) / max(update_s, 1e-9)}
+
+
+def _remote_update(config: RunConfig, svc: RunServices, run_id: str, iteration: int, verify_refs: list[dict[str, Any]],
+                   extra_state: dict[str, Any]) -> dict[str, Any]:
+    """The trainer service reads the stages from the store and writes the whole new state there; this side
+    keeps a checked copy of the new weights (for an in-process engine, and as the local resume point)."""
+    out = svc.trainer.update_stages([ref["prefix"] for ref in verify_refs], iteration,
+                                    config.rollout.batch_size if config.rollout.dynamic_sampling else None,
+                                    config.agent is not None and config.agent.step_rewards, extra_state)
+    metrics = out["metrics"]
+    _check_dynamic(config, iteration, metrics, len(verify_refs))
+    _check_nonfinite(config, iteration, metrics)
+    start = time.perf_counter()
+    folder = svc.trainer.fetch_weights(out["state_prefix"], out["weights_sha256"], state_dir(run_id, iteration))
+    fetch_s = time.perf_counter() - start
+    fault_point(iteration, "update")
+    return {"metrics": metrics | {"trainer/upload_s": out["upload_s"], "trainer/fetch_s": fetch_s,
+                                  "trainer/world": float(svc.trainer.world)},
+            "update_s": out["update_s"], "save_s": out["save_s"] + out["upload_s"], "read_s": out["read_s"],
+            "state_dir": str(folder), "state_uri": out["state_uri"], "weights_sha256": out["weights_sha256"],
+            "train_tokens_per_s": metrics.get("tokens", 0.0) / max(out["update_s"], 1e-9)}
+
+
+def _check_dynamic(config: RunConfig, iteration: int, metrics: dict[str, float], draws: int) -> None:
+    if config.rollout.dynamic_sampling and metrics["dynamic/groups_kept"] < config.rollout.batch_size:
+        run_logger().warning(
+            "ALERT iteration %d: dynamic sampling kept %d/%d groups after %d draws (rollout.max_extra_draws caps it)",
+            iteration, metrics["dynamic/groups_kept"], config.rollout.batch_size, draws)
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -449,7 +485,10 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
     the trainer's export, and the engine's log-probs on the probe batch the trainer's."""
     svc = services(run_id)
     start = time.perf_counter()
-    held = svc.engine.load_weights(update_ref["state_dir"])
+    if update_ref.get("state_uri") and hasattr(svc.engine, "load_uri"):  # replicas read the trainer's own upload
+        held = svc.engine.load_uri(update_ref["state_uri"], update_ref["weights_sha256"])
+    else:
+        held = svc.engine.load_weights(update_ref["state_dir"])
     if held != update_ref["weights_sha256"]:
         raise WeightSyncError(
             f"iteration {iteration}: engine {svc.engine.name} holds {held[:12]} after reload, trainer exported "

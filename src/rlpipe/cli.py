@@ -664,6 +664,32 @@ def serve_rollout(
           max_queue=max_queue, request_timeout_s=request_timeout)
 
 
+@serve_app.command("trainer")
+def serve_trainer(
+    nproc: Annotated[int, typer.Option(help="Ranks (processes) of the DeepSpeed group on this machine.")] = 1,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; elsewhere needs RLPIPE_TRAINER_TOKEN).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8769,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for the ranks; more are refused with 429.")] = 4,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request without timeout_s waits for its result (then 504).")] = 3600.0,
+) -> None:
+    """HTTP trainer service: the policy trainer as NPROC ranks under torchrun; rank 0 answers /init, /update
+    (trajectories from the object store in; the new resumable state written there; sha256 and metrics out),
+    /logprobs, /health, /metrics. Runs point at it with services.trainer (or RLPIPE_TRAINER_URL)."""
+    import os
+    import sys
+
+    from rlpipe.services.trainer import launch_cmd
+
+    _listen_ok("trainer", host)
+    if nproc < 1:
+        typer.echo("serve trainer: --nproc must be at least 1", err=True)
+        raise typer.Exit(2)
+    cmd = launch_cmd(nproc, host, port, max_queue, request_timeout)
+    typer.echo(f"trainer service ({nproc} rank(s)) on http://{host}:{port}", err=True)
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)  # torchrun in this process: a signal to this PID reaches every rank
+
+
 def _listen_ok(name: str, host: str) -> None:
     """Exit 2 before anything starts when a service would listen beyond loopback without a credential."""
     from rlpipe.services._common import check_listen

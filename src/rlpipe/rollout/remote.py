@@ -173,6 +173,12 @@ class ReplicatedEngine:
 
     def load_weights(self, folder: str | Path) -> str:
         uri, sha = upload_weights(self.live()[0].store, self.live()[0].run_id, folder)
+        held = self.load_uri(uri, sha)
+        self._prune(uri)
+        return held
+
+    def load_uri(self, uri: str, sha: str) -> str:
+        """Every live replica loads the weights under ``uri`` (checked against ``sha``); the version they hold."""
         held = {}
         for replica in self.live():
             try:
@@ -183,7 +189,6 @@ class ReplicatedEngine:
             self.live()  # raises: every replica is down
         if len(set(held.values())) != 1:
             raise WeightSyncError(f"rollout replicas hold different weights after the reload: {held}")
-        self._prune(uri)
         return next(iter(held.values()))
 
     def _prune(self, current_uri: str) -> None:

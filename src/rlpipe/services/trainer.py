@@ -75,17 +75,21 @@ class TrainerRanks:
             raise LookupError(f"the trainer holds run {self.run_id!r}, not {cmd.get('run_id')!r}: POST /init first")
         return self._update(cmd) if op == "update" else self._logprobs(cmd)
 
-    def _agree(self, ok: bool, what: str) -> None:
-        """Every rank passed ``what``, or every rank raises (no rank is left waiting in a collective)."""
+    def _agree(self, err: BaseException | None, what: str) -> None:
+        """Every rank passed ``what``, or every rank raises — its own error, or that another rank failed — so
+        that no rank is left waiting in a collective."""
+        failed = int(err is not None)
         if self.world > 1:
             import torch
             import torch.distributed as dist
 
-            flag = torch.tensor([0 if ok else 1])
+            flag = torch.tensor([failed])
             dist.all_reduce(flag)
-            ok = ok and int(flag) == 0
-            if not ok:
-                raise RuntimeError(f"{what} failed on {int(flag)} rank(s); see the trainer service's log")
+            failed = int(flag)
+        if err is not None:
+            raise err
+        if failed:
+            raise RuntimeError(f"{what} failed on {failed} other rank(s); see the trainer service's log")
 
     def _fetch(self, art: dict[str, str] | None, name: str, run_id: str) -> str | None:
         """A folder of the store into this rank's work dir, its weights checked against the expected sha256."""
@@ -112,9 +116,7 @@ class TrainerRanks:
             dirs = {k: self._fetch(cmd.get(k), k, run_id) for k in ("policy", "resume", "ref", "critic")}
         except Exception as e:  # noqa: BLE001 - every rank must hear of it before the collective start-up
             err = e
-        self._agree(err is None, "downloading the start weights")
-        if err is not None:
-            raise err
+        self._agree(err, "downloading the start weights")
         train = dict(cmd["train"])
         if dirs["critic"]:
             train["critic"] = dict(train.get("critic") or {}) | {"model": dirs["critic"]}
@@ -147,12 +149,12 @@ class TrainerRanks:
             samples, extra = self._read(cmd)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it before the optimizer steps
             err = e
-        self._agree(err is None, "reading the trajectories")
-        if err is not None:
-            raise err
+        self._agree(err, "reading the trajectories")
         read_s, start = time.perf_counter() - start, time.perf_counter()
         metrics = self.trainer.update(samples, cmd["iteration"]) | extra
         update_s = time.perf_counter() - start
+        if self.rank == 0 and os.environ.get("RLPIPE_TRAINER_FAULT") == str(cmd["iteration"]):
+            os.kill(os.getpid(), 9)  # test hook: the service dies after the optimizer steps, before the state is saved
         if int(metrics.get("nonfinite_steps", 0)) >= self.trainer.cfg.max_nonfinite_steps:
             return {"metrics": metrics, "saved": False, "read_s": read_s, "update_s": update_s}
         return self._save(cmd, metrics) | {"read_s": read_s, "update_s": update_s}

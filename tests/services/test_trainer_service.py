@@ -1,0 +1,122 @@
+"""The trainer service (`rlpipe serve trainer --nproc 2`): two DeepSpeed ranks under torchrun in their own
+RLPIPE_HOME, reached only over HTTP and the object store. It refuses what it must (no token, a folder outside
+the run's prefix, an update before /init, a bad train section), and a run trained through it reaches the
+in-process run's weights within the tolerance of a 2-rank reduction."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlpipe.config import settings
+from rlpipe.storage import open_store
+from rlpipe.training.checkpoint import file_weights_sha256
+from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
+from tests.helpers.prefect_server import ROOT
+from tests.helpers.s3server import free_port
+from tests.helpers.waiting import wait_healthy
+
+TOKEN = "trainer-test-token"
+
+
+def start_trainer(home: Path, nproc: int = 2, port: int | None = None, extra_env: dict | None = None):
+    """``rlpipe serve trainer`` as its own process group on the test's object store; (process, url, log path)."""
+    port = port or free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env |= {"RLPIPE_HOME": str(home), "RLPIPE_STORAGE_URI": settings().resolve_storage_uri(), "RLPIPE_TRAINER_TOKEN": TOKEN,
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"} | (extra_env or {})
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / f"trainer-{port}.log"
+    code = "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "trainer", "--nproc", str(nproc), "--port", str(port)],
+                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, 180, why=lambda: log.read_text()[-3000:])
+    return proc, url, log
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def trainer2(tmp_path_factory):
+    proc, url, log = start_trainer(tmp_path_factory.mktemp("trainer-home"))
+    yield url, log
+    stop(proc)
+
+
+def _post(url: str, path: str, body: dict, token: str | None = TOKEN) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(f"{url}{path}", json=body, headers=headers, timeout=120)
+
+
+def test_the_trainer_service_refuses_what_it_must(trainer2, tiny_checkpoint):
+    url, _ = trainer2
+    health = httpx.get(f"{url}/health").json()  # /health needs no token
+    assert health["status"] == "ok" and health["world"] == 2
+    assert _post(url, "/update", {"run_id": "r1", "iteration": 0, "stages": ["runs/r1/x"]}, token=None).status_code == 401
+    assert _post(url, "/update", {"run_id": "r1", "iteration": 0, "stages": ["runs/r1/x"]}, token="wrong").status_code == 401
+    sha = file_weights_sha256(tiny_checkpoint)
+    store = open_store()
+    store.upload_dir(tiny_checkpoint, "elsewhere/model")
+    body = {"run_id": "r1", "policy": {"uri": "elsewhere/model", "sha256": sha}, "train": {}}
+    got = _post(url, "/init", body)
+    assert got.status_code == 403 and "runs/r1/" in got.json()["detail"]
+    # another run's prefix is not this run's either
+    store.upload_dir(tiny_checkpoint, "runs/other/trainer/policy/x")
+    got = _post(url, "/init", body | {"policy": {"uri": store.url("runs/other/trainer/policy/x"), "sha256": sha}})
+    assert got.status_code == 403
+    got = _post(url, "/init", body | {"policy": {"uri": "runs/r1/trainer/policy/missing", "sha256": sha}})
+    assert got.status_code == 404 and "holds no files" in got.json()["detail"]
+    store.upload_dir(tiny_checkpoint, "runs/r1/trainer/policy/a")
+    got = _post(url, "/init", body | {"policy": {"uri": "runs/r1/trainer/policy/a", "sha256": sha}, "train": {"lr": "fast"}})
+    assert got.status_code == 422 and "lr" in got.json()["detail"]
+    got = _post(url, "/init", body | {"policy": {"uri": "runs/r1/trainer/policy/a", "sha256": "0" * 64}})
+    assert got.status_code == 422 and "expects 000000000000" in got.json()["detail"]
+    assert _post(url, "/update", {"run_id": "r1", "iteration": 0, "stages": ["runs/r1/x"]}).status_code == 409
+    assert _post(url, "/logprobs", {"run_id": "r1", "prompts": [[1]], "continuations": [[2]]}).status_code == 409
+    assert _post(url, "/update", {"run_id": "r1", "iteration": -1, "stages": []}).status_code == 422
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"  # none of it hurt the service
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    assert "rlpipe_trainer_unauthorized_total 2.0" in metrics and "rlpipe_trainer_world 2.0" in metrics
+
+
+def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harness, trainer2, tiny_checkpoint, even_task,
+                                                                     monkeypatch):
+    url, log = trainer2
+    sets = rl_overrides(tiny_checkpoint, "rltrainer", "hf", even_task, iterations=2)
+    local = invoke(["run", "--run-id", "rl-trainer-local"] + [x for s in sets for x in ("--set", s)])
+    monkeypatch.setenv("RLPIPE_TRAINER_TOKEN", TOKEN)
+    remote = invoke(["run", "--run-id", "rl-trainer-svc", "--set", f"services.trainer={url}"] + [x for s in sets for x in ("--set", s)])
+    assert remote["iterations_done"] == 2
+    history = json.loads((settings().run_dir("rl-trainer-svc") / "progress.json").read_text())["history"]
+    assert all(h["trainer/world"] == 2 and h["service/trainer/error_rate"] == 0 for h in history)
+    assert all(h["sync/probe_max_abs_diff"] <= 1e-5 for h in history)  # the engine holds what the ranks trained
+    # Two ranks reduce gradients in another order than one: the same weights within float32 rounding.
+    ours = load_file(settings().run_dir("rl-trainer-svc") / "state" / "iter=1" / "model.safetensors")
+    ref = load_file(settings().run_dir("rl-trainer-local") / "state" / "iter=1" / "model.safetensors")
+    before = load_file(Path(tiny_checkpoint) / "model.safetensors")
+    assert max(float((ref[k] - before[k]).abs().max()) for k in ref) > 1e-5  # training moved the weights
+    for k in ref:
+        assert torch.allclose(ours[k], ref[k], atol=1e-5, rtol=1e-4), k
+    # The whole resumable state is in the store, written by both ranks and marked whole last.
+    store = open_store()
+    done = store.get_json("runs/rl-trainer-svc/checkpoints/iter=1/_state_complete.json")
+    assert done["weights_sha256"] == remote["final_policy_version"] == httpx.get(f"{url}/health").json()["version"]
+    assert "model.safetensors" in done["files"] and any(f.startswith("deepspeed/") for f in done["files"])
