@@ -6,6 +6,7 @@ like the file. Commands that run something print the path of the run's summary.j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -174,6 +175,7 @@ def run_cmd(
     config: ConfigArg = None, set_: SetOpt = None,
     run_id: Annotated[Optional[str], typer.Option(help="Start or resume this run.")] = None,
     allow_config_change: Annotated[bool, typer.Option(help="Resume even though the config or dataset changed (recorded in MLflow).")] = False,
+    nproc: Annotated[int, typer.Option(help="Train with this many DeepSpeed ranks: the trainer service on this machine for the run's length (0: in this process).")] = 0,
 ) -> None:
     """RL training (one Prefect flow run per iteration); the same --run-id resumes (from the object store when
     this machine has no state). Prints summary.json's path last."""
@@ -186,7 +188,8 @@ def run_cmd(
 
     cfg = _load(config, set_)
     try:
-        summary = _run_rl(cfg, run_id, allow_config_change)
+        with _ranks(cfg, nproc):
+            summary = _run_rl(cfg, run_id, allow_config_change)
     except ResumeRefused as e:
         typer.echo(f"rlpipe run refused to resume {run_id}: {e}", err=True)
         raise typer.Exit(4) from None
@@ -198,6 +201,38 @@ def run_cmd(
         raise typer.Exit(5) from None
     _print_rl(summary)
     typer.echo(summary["_path"])
+
+
+@contextlib.contextmanager
+def _ranks(cfg: RunConfig, nproc: int):
+    """``--nproc N``: a trainer service of N ranks on loopback for this run (RLPIPE_TRAINER_URL while it lasts)."""
+    if nproc <= 0:
+        yield
+        return
+    from rlpipe.services.trainer import local_trainer
+
+    s = settings().for_run(cfg)
+    if s.trainer_url:
+        typer.echo(f"rlpipe run: --nproc and a trainer service ({s.trainer_url}) exclude each other", err=True)
+        raise typer.Exit(2)
+    home = (s.home / "trainer-service").resolve()
+    typer.echo(f"starting the trainer service with {nproc} rank(s) (log {home / 'trainer.log'})", err=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            url, token = stack.enter_context(local_trainer(nproc, home, s.resolve_storage_uri(cfg)))
+        except RuntimeError as e:
+            typer.echo(f"rlpipe run: {e}", err=True)
+            raise typer.Exit(2) from None
+        saved = {k: os.environ.get(k) for k in ("RLPIPE_TRAINER_URL", "RLPIPE_TRAINER_TOKEN")}
+        os.environ.update({"RLPIPE_TRAINER_URL": url, "RLPIPE_TRAINER_TOKEN": token})
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _print_rl(summary: dict) -> None:

@@ -120,3 +120,59 @@ def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harn
     done = store.get_json("runs/rl-trainer-svc/checkpoints/iter=1/_state_complete.json")
     assert done["weights_sha256"] == remote["final_policy_version"] == httpx.get(f"{url}/health").json()["version"]
     assert "model.safetensors" in done["files"] and any(f.startswith("deepspeed/") for f in done["files"])
+
+
+def _two_rank_reference(url: str, sets: list[str]) -> str:
+    """The final weights of the uninterrupted 2-rank run (made here when this test runs alone)."""
+    if not (settings().run_dir("rl-trainer-svc") / "summary.json").exists():
+        os.environ["RLPIPE_TRAINER_TOKEN"] = TOKEN
+        try:
+            invoke(["run", "--run-id", "rl-trainer-svc", "--set", f"services.trainer={url}"] + sets)
+        finally:
+            del os.environ["RLPIPE_TRAINER_TOKEN"]
+    return json.loads((settings().run_dir("rl-trainer-svc") / "summary.json").read_text())["final_policy_version"]
+
+
+def test_a_trainer_killed_mid_update_resumes_from_the_store_with_nothing_lost(prefect_harness, trainer2, tiny_checkpoint,
+                                                                               even_task, monkeypatch, tmp_path):
+    """The service dies after iteration 1's optimizer steps, before its state is saved: the run fails; a new
+    service and the same --run-id resume after iteration 0 from the store and reach the uninterrupted run's weights."""
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    url, _ = trainer2
+    sets = [x for s in rl_overrides(tiny_checkpoint, "rltrainer", "hf", even_task, iterations=2) for x in ("--set", s)]
+    monkeypatch.setenv("RLPIPE_TRAINER_TOKEN", TOKEN)
+    want = _two_rank_reference(url, sets)
+    port = free_port()
+    doomed, doomed_url, log = start_trainer(tmp_path / "doomed", port=port, extra_env={"RLPIPE_TRAINER_FAULT": "1"})
+    res = CliRunner().invoke(app, ["run", "--run-id", "rl-trainer-kill", "--set", f"services.trainer={doomed_url}"] + sets)
+    assert res.exit_code != 0 and doomed.wait(60) != 0, res.output[-3000:]
+    progress = json.loads((settings().run_dir("rl-trainer-kill") / "progress.json").read_text())
+    assert progress["completed_iteration"] == 0  # iteration 1 was lost with the service, nothing after it
+    again, again_url, _ = start_trainer(tmp_path / "again", port=port)
+    try:
+        resumed = invoke(["run", "--run-id", "rl-trainer-kill", "--set", f"services.trainer={again_url}"] + sets)
+    finally:
+        stop(again)
+    assert resumed["iterations_done"] == 2 and resumed["final_policy_version"] == want
+    history = json.loads((settings().run_dir("rl-trainer-kill") / "progress.json").read_text())["history"]
+    assert [h["iteration"] for h in history] == [0, 1]
+
+
+def test_run_nproc_starts_the_same_two_rank_trainer_for_the_run(prefect_harness, trainer2, tiny_checkpoint, even_task):
+    """`rlpipe run --nproc 2`: the trainer service on loopback with a fresh token for the run's length; the
+    same maths as the 2-rank service, so the same final weights."""
+    url, _ = trainer2
+    sets = [x for s in rl_overrides(tiny_checkpoint, "rltrainer", "hf", even_task, iterations=2) for x in ("--set", s)]
+    want = _two_rank_reference(url, sets)
+    got = invoke(["run", "--run-id", "rl-nproc", "--nproc", "2"] + sets)
+    assert got["final_policy_version"] == want
+    history = json.loads((settings().run_dir("rl-nproc") / "progress.json").read_text())["history"]
+    assert all(h["trainer/world"] == 2 for h in history)
+    assert "RLPIPE_TRAINER_URL" not in os.environ and "RLPIPE_TRAINER_TOKEN" not in os.environ
+    log = (settings().home / "trainer-service" / "trainer.log").read_text()
+    port = log.split("trainer service: 2 rank(s), http://127.0.0.1:")[1].split()[0]
+    with pytest.raises(httpx.HTTPError):  # the service is gone with the run
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)

@@ -448,6 +448,50 @@ def launch_cmd(nproc: int, host: str, port: int, max_queue: int = 4, request_tim
             "--host", host, "--port", str(port), "--max-queue", str(max_queue), "--request-timeout", str(request_timeout_s)]
 
 
+@contextlib.contextmanager
+def local_trainer(nproc: int, home: Path, storage_uri: str, timeout_s: float = 300.0):
+    """``rlpipe run --nproc N``: the trainer service as N ranks on this machine (loopback, a fresh token, its own
+    RLPIPE_HOME, the run's object store) for the length of the block; yields its URL and token."""
+    import secrets
+    import signal
+    import subprocess
+
+    import httpx
+
+    from rlpipe.net import free_port
+
+    home.mkdir(parents=True, exist_ok=True)
+    port, token = free_port(), secrets.token_urlsafe(24)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env |= {"RLPIPE_HOME": str(home), "RLPIPE_STORAGE_URI": storage_uri, "RLPIPE_TRAINER_TOKEN": token}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    log_path = home / "trainer.log"
+    with log_path.open("w") as out:
+        proc = subprocess.Popen(launch_cmd(nproc, "127.0.0.1", port), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the trainer service ({nproc} ranks) exited at start; its log {log_path}:\n"
+                                   + "\n".join(log_path.read_text(errors="replace").splitlines()[-15:]))
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the trainer service was not healthy after {timeout_s:g} s; its log {log_path}")
+            time.sleep(0.5)
+        yield url, token
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
 def _main() -> None:
     import argparse
 
