@@ -17,6 +17,9 @@ About 15 min on a shared 2-core CPU machine, 7 of them the SFT base (kept in --o
    process of its own: the project's RolloutService and app on a vLLM engine, with a timer around the
    engine's reload. ``--repeats`` loads per store, alternating two weight sets so every load changes the
    weights; medians are reported.
+3. ``--trainer``: the same RL config in-process, then with RLPIPE_TRAINER_URL pointing at ``rlpipe serve trainer``
+   with 1 and with 2 ranks (the engine in the run's process in all three): the update, its save and upload
+   to the store, the run's checked copy of the new weights, and whether the final weights match.
 Writes results.json and tables.md in --out. Timings are only comparable on an otherwise idle machine.
 """
 
@@ -42,7 +45,7 @@ STAGES = ("generate_s", "verify_s", "update_s", "sync_s", "save_s", "overhead_s"
 # -- processes ---------------------------------------------------------------------------------
 def _env(home: Path, store: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """A child's environment: its own RLPIPE_HOME, the given store, no service URL inherited from the shell."""
-    drop = ("RLPIPE_ROLLOUT_URL", "RLPIPE_VERIFIER_URL", "RLPIPE_REWARD_MODEL_URL", "RLPIPE_ENV_URL", "RLPIPE_TRACKING_URI",
+    drop = ("RLPIPE_ROLLOUT_URL", "RLPIPE_TRAINER_URL", "RLPIPE_VERIFIER_URL", "RLPIPE_REWARD_MODEL_URL", "RLPIPE_ENV_URL", "RLPIPE_TRACKING_URI",
             "PREFECT_API_URL", "MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     (home / "prefect").mkdir(parents=True, exist_ok=True)  # Prefect creates its home without parents
@@ -185,6 +188,55 @@ def compare_runs(out: Path, base: Path, iterations: int, stamp: str) -> dict:
     runs["same_final_weights"] = a["final_policy_version"] == b["final_policy_version"]
     runs["same_heldout_accuracy"] = a["heldout_accuracy_final"] == b["heldout_accuracy_final"]
     return runs
+
+
+def compare_trainer(out: Path, base: Path, iterations: int, stamp: str) -> dict:
+    """The same config with the trainer in the run's process, then as a 1-rank and a 2-rank trainer service."""
+    from tests.helpers.s3server import free_port
+
+    store, home = str(out / "store"), out / "home-run"
+    runs = {"in_process": rl_run(f"trainer-local-{stamp}", base, iterations, _env(home, store), out / "run-trainer-local.log")}
+    for nproc in (1, 2):
+        port = free_port()
+        url, t = f"http://127.0.0.1:{port}", time.perf_counter()
+        proc = _start([sys.executable, "-c", CLI, "serve", "trainer", "--nproc", str(nproc), "--port", str(port)],
+                      _env(out / f"home-trainer{nproc}", store), out / f"serve-trainer{nproc}.log", [url])
+        start_s = time.perf_counter() - t
+        try:
+            run = rl_run(f"trainer-svc{nproc}-{stamp}", base, iterations, _env(home, store, {"RLPIPE_TRAINER_URL": url}),
+                         out / f"run-trainer{nproc}.log")
+        finally:
+            _stop(proc)
+        steady = run["history"][1:] or run["history"]
+        run["service_start_s"] = round(start_s, 1)
+        run["trainer_upload_s"] = round(statistics.fmean(h["trainer/upload_s"] for h in steady), 3)
+        run["trainer_fetch_s"] = round(statistics.fmean(h["trainer/fetch_s"] for h in steady), 3)
+        runs[f"service_{nproc}"] = run
+        print(f"[bench] trainer service, {nproc} rank(s): {run['stages']}", flush=True)
+    final = {k: v["summary"]["final_policy_version"] for k, v in runs.items()}
+    runs["final_weights"] = final
+    return runs
+
+
+def trainer_table(runs: dict) -> str:
+    cols = [("in_process", "trainer in the run's process"), ("service_1", "`serve trainer --nproc 1`"),
+            ("service_2", "`serve trainer --nproc 2`")]
+    names = {"update_s": "update (optimizer steps; service: + reading the trajectories from the store)",
+             "save_s": "save (resumable state; service: + each rank's upload to the store)", "sync_s": "sync (reload + hash + probe)",
+             "overhead_s": "overhead: all but generate/verify/update (includes sync, save and the run's copy of the weights)",
+             "generate_s": "generate", "total_s": "iteration total"}
+    lines = ["| seconds per iteration (mean of iterations 2–N, evaluation left out) | " + " | ".join(c for _, c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for k, name in names.items():
+        lines.append(f"| {name} | " + " | ".join(f"{runs[c]['stages'][k]:.3f}" for c, _ in cols) + " |")
+    lines.append("| of which the upload of the state (service) | – | " + " | ".join(f"{runs[c]['trainer_upload_s']:.3f}" for c, _ in cols[1:]) + " |")
+    lines.append("| of which the run's checked copy of the new weights (service) | – | " + " | ".join(f"{runs[c]['trainer_fetch_s']:.3f}" for c, _ in cols[1:]) + " |")
+    fw = runs["final_weights"]
+    lines += ["", "- final weights (sha256): " + ", ".join(f"{c} {fw[c][:12]}" for c, _ in cols),
+              "- held-out accuracy base → final: " + ", ".join(
+                  f"{c} {runs[c]['summary']['heldout_accuracy_base']:.1%} → {runs[c]['summary']['heldout_accuracy_final']:.1%}" for c, _ in cols),
+              "- service start: " + ", ".join(f"{c} {runs[c]['service_start_s']:.0f} s" for c, _ in cols[1:])]
+    return "\n".join(lines)
 
 
 # -- 2. the store path alone, against model size -------------------------------------------------
@@ -363,6 +415,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="loads per store and size (the median is reported)")
     ap.add_argument("--skip-runs", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--trainer", action="store_true", help="also compare the trainer in-process and as a 1- and 2-rank service")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: the timed service process of the sweep
     ap.add_argument("--stores", help=argparse.SUPPRESS)
     ap.add_argument("--ports", help=argparse.SUPPRESS)
@@ -385,6 +438,9 @@ def main() -> None:
         rows = [r for size in a.sizes.split(",") for r in sweep_size(out, *map(int, size.split("x")), a.repeats, stamp)]
         results["transfer"], results["fits"] = rows, fits(rows)
         md += ["## Weight transfer through the store against model size", "", sweep_table(rows, results["fits"]), ""]
+    if a.trainer:
+        results["trainer"] = compare_trainer(out, base_model(out, a.sft_steps), a.iterations, stamp)
+        md += ["## The trainer in-process and as a service", "", trainer_table(results["trainer"]), ""]
     results["load_average_at_end"], results["wall_s"] = os.getloadavg(), round(time.perf_counter() - start, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     (out / "tables.md").write_text("\n".join(md))

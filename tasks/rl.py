@@ -151,10 +151,18 @@ def _trainer(config: RunConfig, run_id: str, model_dir: str, resume_dir: str | N
 
 def _remote_engine(config: RunConfig, run_id: str, policy_dir: str):
     """The rollout service replicas of RLPIPE_ROLLOUT_URL as one engine, loaded with the run's start policy."""
-    from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine
+    from rlpipe.rollout.remote import RemoteEngine, ReplicaDown, ReplicatedEngine
 
-    store = _store(config)
-    engine = ReplicatedEngine([RemoteEngine(url, store, run_id) for url in _urls(config).rollout_urls])
+    store, replicas, urls = _store(config), [], _urls(config).rollout_urls
+    for url in urls:  # a replica that is down at the start is left out, as one that dies later is
+        try:
+            replicas.append(RemoteEngine(url, store, run_id))
+        except ReplicaDown as e:
+            run_logger().warning("ALERT rollout replica %s is down at the start (%s); its share goes to the others", url, e)
+    if not replicas:
+        raise ReplicaDown(f"no rollout replica answers: {', '.join(urls)}; start them (rlpipe serve rollout) or drop "
+                          "services.rollout / RLPIPE_ROLLOUT_URL to roll out in this process")
+    engine = ReplicatedEngine(replicas)
     engine.load_weights(policy_dir)
     return engine
 

@@ -314,6 +314,7 @@ def gc_cmd(
 def up_cmd(
     config: ConfigArg = None, set_: SetOpt = None,
     rollout_replicas: Annotated[int, typer.Option(help="Rollout services to start for task.policy_model (RLPIPE_ROLLOUT_URL).")] = 0,
+    trainer_ranks: Annotated[int, typer.Option(help="Start the trainer service with this many ranks (RLPIPE_TRAINER_URL); 0: none.")] = 0,
     timeout_s: Annotated[float, typer.Option(help="Seconds each group of components may take to become healthy.")] = 180.0,
 ) -> None:
     """Start the local stack in the background (S3, MLflow server, Prefect server and worker, the services
@@ -322,7 +323,7 @@ def up_cmd(
 
     cfg = _load(config, set_)
     try:
-        stack = up(cfg, settings(), rollout_replicas=rollout_replicas, timeout_s=timeout_s)
+        stack = up(cfg, settings(), rollout_replicas=rollout_replicas, trainer_ranks=trainer_ranks, timeout_s=timeout_s)
     except StackError as e:
         typer.echo(f"rlpipe up: {e}", err=True)
         raise typer.Exit(1) from None

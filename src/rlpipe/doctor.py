@@ -198,9 +198,19 @@ def _services(cfg: RunConfig, s: Settings) -> list[tuple[str, Callable[[RunConfi
 
 
 def _rollout_replicas(cfg: RunConfig, s: Settings) -> str:
-    """Every rollout replica's /health (a run goes on with fewer, but a config naming a dead one is a fault)."""
-    return "; ".join(_http_health(url, "rollout replica", "start it (rlpipe serve rollout) or drop it from services.rollout "
-                                  "/ RLPIPE_ROLLOUT_URL") for url in s.rollout_urls)
+    """Every rollout replica's /health: a failure when none answers; a run goes on with fewer (their share
+    goes to the others), so a dead one is named but not a failure."""
+    fix = "start it (rlpipe serve rollout) or drop it from services.rollout / RLPIPE_ROLLOUT_URL"
+    up, down = [], []
+    for url in s.rollout_urls:
+        try:
+            up.append(_http_health(url, "rollout replica", fix))
+        except _Fail as e:
+            down.append(e.detail)
+    if not up:
+        raise _Fail("no rollout replica answers: " + "; ".join(down), fix)
+    return f"{len(up)} of {len(s.rollout_urls)} replica(s) answer" + (f"; DOWN (their prompts go to the others): {'; '.join(down)}"
+                                                                      if down else "")
 
 
 def _verifier(cfg: RunConfig, s: Settings) -> str:

@@ -4,7 +4,7 @@
 fresh key pair), an MLflow tracking server, a Prefect server and a process worker on the pool
 ``rlpipe-local``, and the rlpipe services the config needs (the verifier service; the reward-model
 service for ``reward.type: model``; the environment service for agent runs; ``rollout_replicas``
-rollout services). Every component gets a log and a pid in ``$RLPIPE_HOME/stack/``, its own
+rollout services; the trainer service with ``trainer_ranks`` ranks). Every component gets a log and a pid in ``$RLPIPE_HOME/stack/``, its own
 ``RLPIPE_HOME`` where it is an rlpipe process, and is health-checked before ``up`` returns; when one
 fails, what was started is stopped again and the error names the component and its log. ``stack.json``
 records what ``up`` started (``down`` stops exactly that, by PID) and ``env.sh`` the variables that point
@@ -98,7 +98,7 @@ def _core(d: Path) -> tuple[list[Component], dict[str, str]]:
     return [s3, mlflow, prefect], env
 
 
-def _services(config: RunConfig, d: Path, rollout_replicas: int) -> tuple[list[Component], dict[str, str]]:
+def _services(config: RunConfig, d: Path, rollout_replicas: int, trainer_ranks: int = 0) -> tuple[list[Component], dict[str, str]]:
     """The worker and the rlpipe services the config needs, and the variables that point runs at them."""
     out, env = [], {}
     port = free_port()
@@ -112,6 +112,8 @@ def _services(config: RunConfig, d: Path, rollout_replicas: int) -> tuple[list[C
         wanted.append(("env", "RLPIPE_ENV_URL", ["serve", "env"]))
     wanted += [(f"rollout-{k}", "RLPIPE_ROLLOUT_URL", ["serve", "rollout", config.task.policy_model,
                                                        "--engine", config.rollout.engine]) for k in range(rollout_replicas)]
+    if trainer_ranks:
+        wanted.append(("trainer", "RLPIPE_TRAINER_URL", ["serve", "trainer", "--nproc", str(trainer_ranks)]))
     for name, var, args in wanted:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -199,7 +201,8 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
-def up(config: RunConfig, s: Settings, rollout_replicas: int = 0, timeout_s: float = 180.0) -> dict[str, Any]:
+def up(config: RunConfig, s: Settings, rollout_replicas: int = 0, trainer_ranks: int = 0,
+       timeout_s: float = 180.0) -> dict[str, Any]:
     """Start the stack (refused while one recorded in this RLPIPE_HOME is still running); returns stack.json."""
     d = stack_dir(s)
     if (d / "stack.json").exists() and any(c["alive"] for c in status(s)):
@@ -214,7 +217,7 @@ def up(config: RunConfig, s: Settings, rollout_replicas: int = 0, timeout_s: flo
         _record(d, started, env)
         _wait(core, env, timeout_s)
         _work_pool(env, d)
-        services, svc_env = _services(config, d, rollout_replicas)
+        services, svc_env = _services(config, d, rollout_replicas, trainer_ranks)
         env |= svc_env
         for c in services:
             _start(c, d, env)

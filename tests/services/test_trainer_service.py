@@ -176,3 +176,21 @@ def test_run_nproc_starts_the_same_two_rank_trainer_for_the_run(prefect_harness,
     port = log.split("trainer service: 2 rank(s), http://127.0.0.1:")[1].split()[0]
     with pytest.raises(httpx.HTTPError):  # the service is gone with the run
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_sigkill_to_the_launcher_takes_every_rank_with_it(tmp_path):
+    """torchrun starts each rank in its own session: without the parent-death signal a killed service would
+    leave its ranks serving as orphans (found by the local cluster test)."""
+    import time
+
+    proc, url, _ = start_trainer(tmp_path / "home")
+    ranks = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]
+    assert len(ranks) == 2
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{r}").exists() and Path(f"/proc/{r}/stat").read_text().split()[2] != "Z" for r in ranks):
+        assert time.monotonic() < deadline, f"ranks {ranks} outlived their launcher"
+        time.sleep(0.1)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2)

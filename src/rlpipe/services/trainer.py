@@ -406,13 +406,13 @@ def _http_thread(service: TrainerService, host: str, port: int, token: str | Non
 
 
 def rank_main(host: str, port: int, max_queue: int = 4, request_timeout_s: float = 3600.0) -> None:
-    """One rank under torchrun (or alone): join the group, then execute commands until stopped."""
-    import signal
-
+    """One rank under torchrun (or alone): join the group, then execute commands until stopped. A signal
+    ends a rank at once: between requests it holds nothing the store does not."""
     from rlpipe.config import settings
     from rlpipe.storage import open_store
     from rlpipe.training.trainer import init_distributed
 
+    _die_with_parent()
     rank, world = init_distributed()
     s = settings()
     workdir = Path(tempfile.mkdtemp(prefix="trainer-", dir=_home(s)))
@@ -421,7 +421,6 @@ def rank_main(host: str, port: int, max_queue: int = 4, request_timeout_s: float
     if rank == 0:
         service = TrainerService(ranks, max_queue, request_timeout_s)
         server = _http_thread(service, host, port, None)
-        signal.signal(signal.SIGTERM, lambda *_: service.stop.set())
         log.warning("trainer service: %d rank(s), http://%s:%d", world, host, port)
     try:
         rank_loop(ranks, service.inbox if service else None, service.stop if service else None)
@@ -429,6 +428,22 @@ def rank_main(host: str, port: int, max_queue: int = 4, request_timeout_s: float
         if server is not None:
             server.should_exit = True
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """torchrun starts each rank in a session of its own, so a SIGKILL to the launcher's process group would
+    leave the ranks serving as orphans: on Linux, have the kernel end this rank when its launcher dies."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the launcher's own SIGTERM forwarding is what stops the ranks
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
 
 
 def _home(s: Any) -> Path:
