@@ -265,3 +265,30 @@ def test_the_agent_demo_runs_the_recipe_in_configs():
             for part in dotted.split("."):
                 a, b = a[part], b[part]
             assert a == b, dotted
+
+
+def test_the_config_names_the_services_and_a_variable_overrides_a_key():
+    from rlpipe.config import RunConfig, settings
+    from rlpipe.resume import config_changes, resume_fingerprint
+
+    cfg = RunConfig.model_validate({"services": {"rollout": ["http://gen-0:8768", "http://gen-1:8768"],
+                                                 "trainer": "http://train-0:8769", "verifier": "http://cpu-0:8765"}})
+    s = settings({"RLPIPE_HOME": "/tmp/x"}).for_run(cfg)
+    assert s.rollout_urls == ("http://gen-0:8768", "http://gen-1:8768") and s.trainer_url == "http://train-0:8769"
+    assert s.verifier_url == "http://cpu-0:8765" and s.reward_model_url is None and s.env_url is None
+    over = settings({"RLPIPE_HOME": "/tmp/x", "RLPIPE_TRAINER_URL": "http://local:1", "RLPIPE_ROLLOUT_URL": "http://a:1,http://b:2"})
+    assert over.for_run(cfg).trainer_url == "http://local:1"
+    assert over.for_run(cfg).rollout_urls == ("http://a:1", "http://b:2")
+    assert settings({"RLPIPE_HOME": "/tmp/x"}).for_run(RunConfig()).trainer_url is None  # in-process by default
+    # where the services run is not the experiment: a resume may move them
+    assert resume_fingerprint(cfg) == resume_fingerprint(RunConfig()) and config_changes(cfg.flat(), RunConfig().flat()) == []
+
+
+@pytest.mark.parametrize("services", [{"trainer": "train-0:8769"}, {"rollout": ["http://a:1", "ftp://b"]},
+                                      {"tokens": "x"}])
+def test_a_service_that_is_not_an_http_url_is_a_config_error(services):
+    from rlpipe.config import ConfigError, validate_raw
+
+    with pytest.raises(ConfigError) as e:
+        validate_raw({"services": services}, "run.yaml")
+    assert "services" in str(e.value)

@@ -89,3 +89,35 @@ def test_a_run_whose_store_is_down_stops_at_preflight(prefect_harness, tmp_path)
     assert "rlpipe run stopped: preflight failed — object-store: s3://rlpipe-doctor/runs" in p.stderr
     assert f"fix: start the S3 server behind {s3}" in p.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no summary: nothing ran
+
+
+def test_doctor_checks_the_services_the_config_names(tmp_path):
+    """A dead rollout replica is named but not a failure while another answers (a run leaves it out); a
+    trainer service that does not answer is a failure with its fix."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.get("/health")(lambda: {"status": "ok"})
+    port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    live = f"http://127.0.0.1:{port}"
+    try:
+        from tests.helpers.waiting import wait_healthy
+
+        wait_healthy(live, 10)
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(json.dumps({"services": {"rollout": [live, dead], "trainer": dead}}))
+        p = _doctor([str(cfg), "--timeout-s", "30"], {}, tmp_path)
+    finally:
+        server.should_exit = True
+    assert p.returncode == 1, p.stdout + p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    rollout = next(line for line in lines if "rollout-service" in line)
+    assert rollout.startswith("ok") and "1 of 2 replica(s) answer" in rollout and f"DOWN (their prompts go to the others): rollout replica at {dead}" in rollout
+    trainer = next(i for i, line in enumerate(lines) if line.startswith("FAIL  trainer"))
+    assert dead in lines[trainer] and "rlpipe serve trainer" in lines[trainer + 1]
+    assert not any("rollout-engine" in line for line in lines)  # no engine started here: the replicas are the engine

@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.test_stack import cli
 from tests.helpers.prefect_server import ROOT
@@ -23,6 +26,16 @@ from tests.helpers.waiting import wait_healthy
 
 def _env_sh(path: Path) -> dict[str, str]:
     return dict(line.removeprefix("export ").split("=", 1) for line in path.read_text().splitlines())
+
+
+def _closeness_task(path: Path) -> Path:
+    from rlpipe.config import DataConfig
+    from rlpipe.data import build_arithmetic
+
+    rows = build_arithmetic(DataConfig(test_size=40, validation_size=0)).to_pylist()
+    keep = [r for r in rows if r["split"] == "train"][:200] + [r for r in rows if r["split"] == "test"]
+    path.write_text("\n".join(json.dumps(r | {"task": "closeness"}) for r in keep))
+    return path
 
 
 def _rlpipe(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -43,7 +56,8 @@ def _wait_for_iteration(run: subprocess.Popen, progress: Path, k: int, timeout_s
 def test_a_run_on_the_local_cluster_survives_dead_services(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("RLPIPE_HOME", str(tmp_path / "stack-home"))
     monkeypatch.setenv("RLPIPE_TRAINER_FAULT", "2")  # the stack's trainer dies in iteration 2's update, before saving
-    base = ["--set", f"task.policy_model={tiny_checkpoint}", "--set", "rollout.engine=hf"]
+    data = _closeness_task(tmp_path / "closeness.jsonl")  # partial credit: the barely trained policy gets a signal
+    base = ["--set", f"task.policy_model={tiny_checkpoint}", "--set", "rollout.engine=hf", "--set", f"task.dataset={data}"]
     res = cli("up", "--rollout-replicas", "2", "--trainer-ranks", "2", *base, "--timeout-s", "240")
     assert res.exit_code == 0, res.output
     try:
@@ -76,6 +90,22 @@ def test_a_run_on_the_local_cluster_survives_dead_services(tiny_checkpoint, tmp_
         finally:
             os.killpg(trainer.pid, signal.SIGTERM)
             trainer.wait(60)
+        # The same config and seed with everything in one process: every prompt keeps its seed wherever it is
+        # sampled, so the run learns alike, its weights within the 2-rank trainer's float32 rounding.
+        ref_home = tmp_path / "ref-home"
+        ref_env = {k: v for k, v in run_env.items() if not k.startswith(("RLPIPE_S3_", "RLPIPE_STORAGE", "RLPIPE_TRACKING", "RLPIPE_ROLLOUT",
+                                                                           "RLPIPE_TRAINER", "RLPIPE_VERIFIER"))}
+        assert _rlpipe(["run", "--run-id", "rl-ref", *sets], ref_env | {"RLPIPE_HOME": str(ref_home)},
+                       tmp_path / "ref.log").wait(600) == 0, (tmp_path / "ref.log").read_text()[-4000:]
+        ours, ref = (load_file(h / "runs" / r / "state" / "iter=2" / "model.safetensors")
+                     for h, r in ((run_home, "rl-cluster"), (ref_home, "rl-ref")))
+        start = load_file(Path(tiny_checkpoint) / "model.safetensors")
+        assert max(float((ref[k] - start[k]).abs().max()) for k in ref) > 1e-4  # it learned
+        assert all(torch.allclose(ours[k], ref[k], atol=1e-5, rtol=1e-4) for k in ref)
+        ref_history = json.loads((ref_home / "runs" / "rl-ref" / "progress.json").read_text())["history"]
+        ours_history = json.loads(progress.read_text())["history"]
+        assert [h["reward_mean"] for h in ours_history] == pytest.approx([h["reward_mean"] for h in ref_history], abs=1e-6)
+        assert max(h["reward_mean"] for h in ref_history) > 0
         summary = json.loads((run_home / "runs" / "rl-cluster" / "summary.json").read_text())
         assert summary["iterations_done"] == 3 and summary["engine"] == "rollout×1"
         history = json.loads(progress.read_text())["history"]

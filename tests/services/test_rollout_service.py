@@ -194,13 +194,19 @@ def test_replicas_split_a_batch_and_a_dead_ones_share_goes_to_the_others(tiny_ch
     servers = [_serve(HFEngine(tiny_checkpoint), tiny_checkpoint, store) for _ in range(2)]
     try:
         engine = ReplicatedEngine([RemoteEngine(url, store, "rl-rep") for _, _, url in servers])
-        want = [[c.token_ids for c in o] for o in HFEngine(tiny_checkpoint).generate(PROMPTS, GREEDY)]
+        sampled = SamplingConfig(n=2, temperature=1.0, max_new_tokens=6, seed=11)
+        local = HFEngine(tiny_checkpoint)
+        want = [[c.token_ids for c in o] for o in local.generate(PROMPTS, GREEDY)]
+        want_sampled = [[c.token_ids for c in o] for o in local.generate(PROMPTS, sampled)]
         assert [[c.token_ids for c in o] for o in engine.generate(PROMPTS, GREEDY)] == want
         assert [s.stats.items for _, s, _ in servers] == [3, 3]  # split in two blocks
+        # each prompt keeps its seed wherever it runs: the split samples what one engine samples
+        assert [[c.token_ids for c in o] for o in engine.generate(PROMPTS, sampled)] == want_sampled
         servers[0][0].should_exit = True
         time.sleep(1.0)
         assert [[c.token_ids for c in o] for o in engine.generate(PROMPTS, GREEDY)] == want
-        assert engine.rerouted == 3 and engine.dead == {servers[0][2]} and servers[1][1].stats.items == 9
+        assert [[c.token_ids for c in o] for o in engine.generate(PROMPTS, sampled)] == want_sampled  # rerouted too
+        assert engine.rerouted == 3 and engine.dead == {servers[0][2]} and servers[1][1].stats.items == 18
         new = perturbed(tiny_checkpoint, tmp_path / "new")
         assert engine.load_weights(new) == HFEngine(new).weights_sha256()  # the live replica took them
     finally:

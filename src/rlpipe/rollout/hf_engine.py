@@ -35,7 +35,7 @@ class HFEngine:
         pad = self.tokenizer.pad_token_id
         flat = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         out: list[list[Completion]] = [[] for _ in prompts]
-        gen = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        gens = self._generators(len(prompts), sampling)
         for start in range(0, len(flat), self.batch_size):
             chunk = flat[start : start + self.batch_size]
             width = max(len(p) for _, p in chunk)
@@ -44,12 +44,21 @@ class HFEngine:
             for j, (_, p) in enumerate(chunk):  # left padding
                 ids[j, width - len(p) :] = torch.tensor(p)
                 att[j, width - len(p) :] = 1
-            seqs = self._sample(ids, att, sampling, eos, gen)
+            seqs = self._sample(ids, att, sampling, eos, [gens[start + j] for j in range(len(chunk))])
             for (i, _), (toks, lps, reason) in zip(chunk, seqs):
                 out[i].append(Completion(toks, lps, self.tokenizer.decode(toks, skip_special_tokens=True), reason))
         return out
 
-    def _sample(self, ids, att, sampling, eos, gen):
+    @staticmethod
+    def _generators(n_prompts: int, sampling: SamplingConfig) -> list[torch.Generator]:
+        """One generator per completion, seeded from ``seed + prompt index`` and the sample's number (vLLM seeds
+        each prompt of a request apart too): a completion's tokens do not depend on how the prompts are batched
+        or split across replicas."""
+        base = sampling.seed if sampling.seed is not None else torch.seed()
+        return [torch.Generator().manual_seed(((base + i) * 1_000_003 + s) % 2**63)
+                for i in range(n_prompts) for s in range(sampling.n)]
+
+    def _sample(self, ids, att, sampling, eos, gens):
         # A plain sampling loop with a KV cache: explicit, so the log-probs are exactly those of the
         # temperature/top-p distribution that drew each token.
         n = ids.shape[0]
@@ -73,7 +82,7 @@ class HFEngine:
                     sp = sp * keep
                     probs = torch.zeros_like(probs).scatter_(-1, si, sp)
                     probs = probs / probs.sum(-1, keepdim=True)
-                choice = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+                choice = torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(gens)])
                 lp = probs.gather(-1, choice[:, None]).squeeze(-1).log()
             for j in range(n):
                 if not done[j]:
