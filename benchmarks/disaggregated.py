@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -81,13 +80,9 @@ def _start(cmd: list[str], env: dict[str, str], log: Path, urls: list[str], time
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the process group this script started (by its id), SIGKILL if it lingers."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    from rlpipe.procs import stop_group
+
+    stop_group(proc)
 
 
 def _start_s3(workdir: Path):

@@ -45,13 +45,9 @@ def start_trainer(home: Path, nproc: int = 2, port: int | None = None, extra_env
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    from rlpipe.procs import stop_group
+
+    stop_group(proc)
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +190,40 @@ def test_a_sigkill_to_the_launcher_takes_every_rank_with_it(tmp_path):
         time.sleep(0.1)
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_the_trainer_service_times_out_and_bounds_its_queue(trainer2, tiny_checkpoint):
+    """A request whose result does not come within its timeout_s gets 504; past max_queue waiting requests
+    (4), 429; the service goes on serving after both."""
+    import threading
+    import time
+
+    url, _ = trainer2
+    store = open_store()
+    store.upload_dir(tiny_checkpoint, "runs/rq/trainer/policy/a")
+    body = {"run_id": "rq", "policy": {"uri": "runs/rq/trainer/policy/a", "sha256": file_weights_sha256(tiny_checkpoint)},
+            "train": {"batch_size": 8, "micro_batch_size": 4}}
+    got = _post(url, "/init", body | {"timeout_s": 0.001})
+    assert got.status_code == 504 and "timeout_s" in got.json()["detail"]
+    lp = {"run_id": "rq", "prompts": [[5, 6]], "continuations": [[7, 8]]}
+    deadline = time.monotonic() + 120
+    while _post(url, "/logprobs", lp).status_code != 200:  # the ranks finish the init nobody waits for
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    codes: list[int] = []
+    start = threading.Barrier(12)
+
+    def one() -> None:
+        start.wait()
+        codes.append(_post(url, "/init", body).status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]  # 12 at once: one runs, four wait, the rest are refused
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert sorted(set(codes)) == [200, 429] and codes.count(200) >= 5, codes
+    got = _post(url, "/logprobs", lp)
+    assert got.status_code == 200 and len(got.json()["logprobs"][0]) == 2
+    stats = httpx.get(f"{url}/stats", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert stats["timeouts"] >= 1 and stats["rejected"] >= 1

@@ -468,12 +468,12 @@ def local_trainer(nproc: int, home: Path, storage_uri: str, timeout_s: float = 3
     """``rlpipe run --nproc N``: the trainer service as N ranks on this machine (loopback, a fresh token, its own
     RLPIPE_HOME, the run's object store) for the length of the block; yields its URL and token."""
     import secrets
-    import signal
     import subprocess
 
     import httpx
 
     from rlpipe.net import free_port
+    from rlpipe.procs import stop_group
 
     home.mkdir(parents=True, exist_ok=True)
     port, token = free_port(), secrets.token_urlsafe(24)
@@ -498,13 +498,7 @@ def local_trainer(nproc: int, home: Path, storage_uri: str, timeout_s: float = 3
             time.sleep(0.5)
         yield url, token
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_group(proc)
 
 
 def _main() -> None:
