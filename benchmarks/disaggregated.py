@@ -18,7 +18,8 @@ About 15 min on a shared 2-core CPU machine, 7 of them the SFT base (kept in --o
    engine's reload. ``--repeats`` loads per store, alternating two weight sets so every load changes the
    weights; medians are reported.
 3. ``--trainer``: the same RL config in-process, then with RLPIPE_TRAINER_URL pointing at ``rlpipe serve trainer``
-   with 1 and with 2 ranks (the engine in the run's process in all three): the update, its save and upload
+   with 1 and with 2 ranks (the engine in the run's process in all three; micro-batches of 32 so that 2 ranks
+   split each step's 64 samples): the update, its save and upload
    to the store, the run's checked copy of the new weights, and whether the final weights match.
 Writes results.json and tables.md in --out. Timings are only comparable on an otherwise idle machine.
 """
@@ -126,11 +127,11 @@ def base_model(out: Path, steps: int) -> Path:
     return folder
 
 
-def rl_run(run_id: str, base: Path, iterations: int, env: dict[str, str], log: Path) -> dict:
+def rl_run(run_id: str, base: Path, iterations: int, env: dict[str, str], log: Path, extra: tuple[str, ...] = ()) -> dict:
     """``rlpipe run`` in a process of its own: (summary, per-stage mean seconds per iteration, wall s)."""
     sets = [f"task.policy_model={base}", "rollout.engine=vllm", f"train.total_iterations={iterations}",
             f"train.save_interval={iterations}", f"train.eval_interval={iterations}", "seed=0",
-            "tracking.experiment=split-bench", "task.name=split-bench"]
+            "tracking.experiment=split-bench", "task.name=split-bench", *extra]
     t, load_before = time.perf_counter(), os.getloadavg()[0]
     res = subprocess.run([sys.executable, "-c", CLI, "run", "--run-id", run_id] + [x for s in sets for x in ("--set", s)],
                          env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True)
@@ -190,7 +191,9 @@ def compare_trainer(out: Path, base: Path, iterations: int, stamp: str) -> dict:
     from tests.helpers.s3server import free_port
 
     store, home = str(out / "store"), out / "home-run"
-    runs = {"in_process": rl_run(f"trainer-local-{stamp}", base, iterations, _env(home, store), out / "run-trainer-local.log")}
+    extra = ("train.micro_batch_size=32",)  # 64 samples per step over 2 ranks: 32 each (the same steps on 1 rank)
+    runs = {"in_process": rl_run(f"trainer-local-{stamp}", base, iterations, _env(home, store), out / "run-trainer-local.log",
+                                 extra)}
     for nproc in (1, 2):
         port = free_port()
         url, t = f"http://127.0.0.1:{port}", time.perf_counter()
@@ -199,7 +202,7 @@ def compare_trainer(out: Path, base: Path, iterations: int, stamp: str) -> dict:
         start_s = time.perf_counter() - t
         try:
             run = rl_run(f"trainer-svc{nproc}-{stamp}", base, iterations, _env(home, store, {"RLPIPE_TRAINER_URL": url}),
-                         out / f"run-trainer{nproc}.log")
+                         out / f"run-trainer{nproc}.log", extra)
         finally:
             _stop(proc)
         steady = run["history"][1:] or run["history"]

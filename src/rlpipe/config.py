@@ -719,8 +719,9 @@ class RunConfig(_Strict):
         return self
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of this config (defaults filled in)."""
-        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+        """sha256 of the canonical JSON of this config (defaults filled in), without ``services``: where a
+        run's services run is not the experiment."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json", exclude={"services"})).encode()).hexdigest()
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys → values, for MLflow params."""
