@@ -12,7 +12,7 @@ from rlpipe.runs import new_run_id, write_summary
 from tasks._log import run_logger
 from tasks.preflight import preflight_task
 from tasks.reward_model import prepare_preferences, train_reward_model
-from tasks.tracking import end_tracking, register_checkpoint, start_tracking
+from tasks.tracking import end_tracking, register_checkpoint, start_tracking, version_summary
 
 
 @flow(name="rm-train", flow_run_name="{run_id}")
@@ -34,6 +34,7 @@ def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
             extra_tags={"base_model": result["base_model"], "kind": "reward_model",
                         "reward_mean": f"{stats['mean']:.6f}", "reward_std": f"{stats['std']:.6f}",
                         "reward_count": str(int(stats["count"]))},
+            promote_best=True,
         )
     except BaseException:
         end_tracking(config, mlflow_run, "FAILED")
@@ -42,7 +43,7 @@ def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     path = write_summary(settings(), run_id, {
         "kind": "rm", "config_fingerprint": config.fingerprint(), "preference_version": data["version"],
         "preference_uri": data["uri"], "pairs": {k: data[f"{k}_pairs"] for k in ("train", "validation", "test")},
-        "registered_model": {"name": version["name"], "version": version["version"], "aliases": list(version["aliases"])},
+        "registered_model": version_summary(version),
         "checkpoint_uri": result["checkpoint_uri"], "weights_sha256": result["weights_sha256"],
         "base_model": result["base_model"], "rm_steps": result["steps"], "rm_best_step": result["best_step"],
         "rm_train_s": round(result["train_wall_s"], 2), "rm_validation_pair_accuracy": result["validation_pair_accuracy"],

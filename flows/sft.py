@@ -12,7 +12,7 @@ from rlpipe.runs import new_run_id, write_summary
 from tasks.data import prepare_dataset
 from tasks.preflight import preflight_task
 from tasks.sft import train_sft_task
-from tasks.tracking import end_tracking, register_checkpoint, start_tracking
+from tasks.tracking import end_tracking, register_checkpoint, start_tracking, version_summary
 
 
 @flow(name="sft", log_prints=True)
@@ -42,7 +42,7 @@ def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
             "config_fingerprint": config.fingerprint(),
             "dataset_version": dataset["version"],
             "dataset_uri": dataset["uri"],
-            "registered_model": {"name": version["name"], "version": version["version"], "aliases": list(version["aliases"])},
+            "registered_model": version_summary(version),
             "checkpoint_uri": result["checkpoint_uri"],
             "weights_sha256": result["weights_sha256"],
             "model_parameters": result["parameters"],

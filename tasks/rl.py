@@ -95,21 +95,15 @@ def _reusable(config: RunConfig, meta: dict[str, Any], expect: dict[str, Any], w
 def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], model_dir: str, resume_dir: str | None) -> dict[str, Any]:
     """Start (or reuse) the rollout engine, the trainer and the verifier pool for this run."""
     log = run_logger()
-    rows = _store(config).read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
+    rows = prompt_rows(config, dataset)
     sandbox_level = _check_sandbox_floor(config, rows)  # before anything slow starts
-    train = [r for r in rows if r["split"] == "train"]
-    test = [r for r in rows if r["split"] == "test"]
-    if config.train.eval_size:
-        test = test[: config.train.eval_size]
+    train, test = split_rows(config, rows, "train"), split_rows(config, rows, "test")
     start = time.perf_counter()
     policy_dir = resume_dir or model_dir
-    max_len = max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
-    if config.agent is not None:  # an episode's whole context
-        max_len = config.agent.max_context
     if _urls(config).rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
         engine = _remote_engine(config, run_id, policy_dir)
     else:
-        engine = get_engine(config.rollout.engine, policy_dir, max_model_len=min(max(max_len, 64), 4096), seed=config.seed)
+        engine = get_engine(config.rollout.engine, policy_dir, max_model_len=context_length(config, rows), seed=config.seed)
     engine_s = time.perf_counter() - start
     trainer = _trainer(config, run_id, model_dir, resume_dir)
     expected = file_weights_sha256(policy_dir)
@@ -117,13 +111,12 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
     svc = RunServices(
         run_id=run_id, engine=engine, trainer=trainer, pool=None, tokenizer=trainer.tokenizer,
-        train_rows=train, test_rows=test, ground_truth={r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows},
-        validation_rows=[r for r in rows if r["split"] == "validation"],
+        train_rows=train, test_rows=test, ground_truth=ground_truths(rows), validation_rows=split_rows(config, rows, "validation"),
     )
     proof = start_probe(svc, config)  # the engine and the trainer hold the same policy, shown on the engine
-    svc.pool = _verifier_pool(config)
+    svc.pool = verifier_pool(config)
     svc.prompts = {r["id"]: r for r in rows}
-    svc.reward_model = _reward_model(config) if config.reward.type == "model" else None
+    svc.reward_model = reward_model_source(config) if config.reward.type == "model" else None
     pool = svc.pool
     register_services(svc)
     log.info("services up in %.1f s (engine %s %.1f s, verifier %s%s); policy %s", time.perf_counter() - start,
@@ -133,6 +126,28 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
             "sandbox_level": sandbox_level, "probe_max_abs_diff": proof,
             "reward_model_version": svc.reward_model.version if svc.reward_model else None,
             "reward_stats": svc.reward_model.stats if svc.reward_model else None}
+
+
+def prompt_rows(config: RunConfig, dataset: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row of the run's prompt set (all splits), as stored under its content version."""
+    return _store(config).read_stage(dataset["prefix"], schema=PROMPT_SCHEMA).to_pylist()
+
+
+def split_rows(config: RunConfig, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    """The rows of one split; the test split is cut to ``train.eval_size`` as the run's evaluation is."""
+    out = [r for r in rows if r["split"] == split]
+    return out[: config.train.eval_size] if split == "test" and config.train.eval_size else out
+
+
+def ground_truths(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows}
+
+
+def context_length(config: RunConfig, rows: list[dict[str, Any]]) -> int:
+    """The engine's max_model_len: the longest prompt (4 tokens a character at most) and the response; an
+    agent's whole episode context."""
+    n = config.agent.max_context if config.agent is not None else max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
+    return min(max(n, 64), 4096)
 
 
 def _trainer(config: RunConfig, run_id: str, model_dir: str, resume_dir: str | None):
@@ -167,7 +182,7 @@ def _remote_engine(config: RunConfig, run_id: str, policy_dir: str):
     return engine
 
 
-def _reward_model(config: RunConfig):
+def reward_model_source(config: RunConfig):
     """The reward-model service when RLPIPE_REWARD_MODEL_URL is set, else the model in this process."""
     from rlpipe.rewards.model import LocalRewardModel, RemoteRewardModel
 
@@ -231,7 +246,7 @@ def _seed_norm(config: RunConfig, svc: RunServices):
     return RunningNorm.seeded(float(st["mean"]), float(st["std"]), weight)
 
 
-def _verifier_pool(config: RunConfig):
+def verifier_pool(config: RunConfig):
     """The verifier service when RLPIPE_VERIFIER_URL is set, else a local pool of worker processes."""
     url = _urls(config).verifier_url
     if not url:
@@ -508,41 +523,16 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
             "readback_tensors": float(getattr(svc.engine, "last_readback", 0))} | proof
 
 
-EVAL_SAMPLES = 8  # generations of each held-out evaluation kept for MLflow's table
-
-
-@task(name="evaluate", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
 def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, Any]:
-    """Greedy answers of the policy the engine holds now on ``split``, judged by each row's verifier:
-    ``accuracy`` (reward 1) and ``true_score`` (mean reward); with a reward model also its mean raw
-    score, ``rm_score``. 'validation' chooses ``best``, 'test' is reported."""
+    """Greedy answers of the policy the engine holds now on ``split`` (see :func:`rlpipe.evaluation.greedy_eval`).
+    'validation' is what the ``evaluate`` flow promotes on; 'test' is reported."""
+    from rlpipe.evaluation import greedy_eval
+
     svc = services(run_id)
-    start = time.perf_counter()
     rows = svc.test_rows if split == "test" else svc.validation_rows
-    if not rows:
-        return {"accuracy": None, "true_score": None, "rm_score": None, "n": 0, "eval_s": 0.0,
-                "policy_version": svc.engine.weights_sha256()}
-    if config.agent is not None:
-        from rlpipe.rollout.agent import agent_evaluate
-
-        out = agent_evaluate(svc.engine, svc.tokenizer, config.agent, rows, config.rollout.max_new_tokens, _urls(config).env_url)
-        return out | {"eval_s": time.perf_counter() - start, "policy_version": svc.engine.weights_sha256()}
-    prompts = [svc.tokenizer(render_prompt(svc.tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]
-               for r in rows]
-    outs = svc.engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens))
-    verdicts = svc.pool.score([VerifyItem(r["task"], o[0].text, svc.ground_truth[r["id"]]) for r, o in zip(rows, outs)])
-    ok = [v.reward for v in verdicts if v.status == "ok"]
-    out = {"accuracy": sum(1 for x in ok if x == 1.0) / max(len(rows), 1), "true_score": sum(ok) / len(ok) if ok else None,
-           "rm_score": None, "n": len(rows),
-           "samples": [{"prompt": r["prompt"], "response": o[0].text, "ground_truth": svc.ground_truth[r["id"]],
-                        "status": v.status, "reward": v.reward} for r, o, v in list(zip(rows, outs, verdicts))[:EVAL_SAMPLES]]}
-    if svc.reward_model is not None:
-        from rlpipe.rewards.model import RMItem
-
-        rm = svc.reward_model.score([RMItem(r["prompt"], o[0].text, r["chat"]) for r, o in zip(rows, outs)])
-        scores = [v.reward for v in rm if v.status == "ok"]
-        out["rm_score"] = sum(scores) / len(scores) if scores else None
-    return out | {"eval_s": time.perf_counter() - start, "policy_version": svc.engine.weights_sha256()}
+    return greedy_eval(svc.engine, svc.tokenizer, svc.pool, rows, svc.ground_truth,
+                       max_new_tokens=config.rollout.max_new_tokens, reward_model=svc.reward_model,
+                       agent=config.agent, env_url=_urls(config).env_url if config.agent is not None else None)
 
 
 @task(name="upload-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)

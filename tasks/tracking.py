@@ -7,9 +7,11 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from rlpipe.config import RunConfig, settings
-from rlpipe.tracking.mlflow_utils import Tracker
+from rlpipe.tracking.mlflow_utils import PROMOTION_ALIASES, Tracker
+from tasks._log import run_logger
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=120)
@@ -30,12 +32,23 @@ def register_checkpoint(
     test_accuracy: float | None = None,
     model_name: str | None = None,
     extra_tags: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Register a checkpoint once; moves ``best`` to it when its **validation** accuracy (``accuracy``)
-    beats the current best's. The test accuracy is a tag for reports, never a selection criterion.
+    promote_best: bool = False,
+) -> dict[str, Any] | None:
+    """Register a checkpoint once, with its lineage, and announce it (event ``rlpipe.checkpoint.registered``).
+    None when the config opts out (``tracking.register_models: false``): the checkpoint stays in the store.
+
+    ``best`` and ``champion`` never move here: the ``evaluate`` flow moves them, on the validation split.
+    The one exception is ``promote_best`` (the reward-model fit, whose ``best`` follows validation pair
+    accuracy). Validation and test accuracy are tags; the test split is never a selection criterion.
 
     An iteration redone after a kill finds its version (same run, iteration and weights) and returns it
     without registering again or moving an alias. ``model_name`` defaults to the policy's registry name."""
+    if protected := PROMOTION_ALIASES & set(aliases):
+        raise ValueError(f"alias {sorted(protected)} moves only through the evaluate flow (validation split), not on registration")
+    if not config.tracking.register_models:
+        run_logger().info("run %s iteration %d: not registered (tracking.register_models is false); checkpoint %s",
+                          run_id, iteration, checkpoint["checkpoint_uri"])
+        return None
     tracker = Tracker(settings(), config)
     name = model_name or config.registered_model
     existing = _registered(tracker, name, run_id, iteration)
@@ -48,19 +61,45 @@ def register_checkpoint(
         return asdict(existing)
     parent = tracker.version_by_alias(name, "latest")
     extra = {k: f"{v:.6f}" for k, v in (("validation_accuracy", accuracy), ("test_accuracy", test_accuracy)) if v is not None}
-    extra |= extra_tags or {}
+    extra |= {"kind": "policy", "prefect_flow_run_id": str(flow_run.get_id() or ""), "mlflow_run_id": mlflow_run_id or ""} | (extra_tags or {})
     mv = tracker.register_checkpoint(
         name, checkpoint["checkpoint_uri"], mlflow_run_id, rlpipe_run_id=run_id, iteration=iteration,
         config_fingerprint=config.fingerprint(), dataset_version=dataset_version,
         weights_sha256=checkpoint["weights_sha256"], parent_version=parent.version if parent else None,
         aliases=aliases, extra_tags=extra,
     )
-    if accuracy is not None:
+    if promote_best and accuracy is not None:
         best = tracker.version_by_alias(name, "best")
-        best_acc = float(best.tags.get("validation_accuracy", "-1")) if best else -1.0
-        if accuracy > best_acc:
+        if accuracy > (float(best.tags.get("validation_accuracy", "-1")) if best else -1.0):
             tracker.set_alias(name, "best", mv.version)
+    announce_registration(mv, kind=extra.get("kind", "policy"))
     return asdict(mv)
+
+
+def announce_registration(mv: Any, kind: str) -> None:
+    """Emit ``rlpipe.checkpoint.registered`` (resource ``rlpipe.model.<name>.<version>``, label
+    ``rlpipe.model.kind``; payload ``model_uri`` = ``models:/<name>/<version>``): deployment triggers start
+    on it (prefect.yaml's evaluate-on-registration). An event that cannot be sent is logged, never fatal:
+    the version is registered either way."""
+    from prefect.events import emit_event
+
+    try:
+        emit_event(
+            event="rlpipe.checkpoint.registered",
+            resource={"prefect.resource.id": f"rlpipe.model.{mv.name}.{mv.version}", "prefect.resource.name": mv.name,
+                      "rlpipe.model.kind": kind, "rlpipe.run_id": mv.tags.get("run_id", "")},
+            payload={"model_uri": f"models:/{mv.name}/{mv.version}", "name": mv.name, "version": mv.version,
+                     "run_id": mv.tags.get("run_id"), "iteration": mv.tags.get("iteration"), "aliases": list(mv.aliases),
+                     "weights_sha256": mv.tags.get("weights_sha256")},
+        )
+    except Exception as e:  # noqa: BLE001
+        run_logger().warning("%s v%s: the registration event could not be sent (%s: %s)", mv.name, mv.version,
+                             type(e).__name__, e)
+
+
+def version_summary(version: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A registered version as a summary shows it; None when the config opted out of registration."""
+    return {"name": version["name"], "version": version["version"], "aliases": list(version["aliases"])} if version else None
 
 
 def _registered(tracker: Tracker, name: str, run_id: str, iteration: int):

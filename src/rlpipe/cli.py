@@ -248,6 +248,13 @@ def _print_rl(summary: dict) -> None:
     typer.echo(f"  report              {summary.get('report_html') or 'not built (see the log)'}")
 
 
+def _version_text(reg: dict | None) -> str:
+    """``NAME vN (aliases)``, or why there is none."""
+    if not reg:
+        return "not registered (tracking.register_models is false)"
+    return f"{reg['name']} v{reg['version']}" + (f" ({', '.join(reg['aliases'])})" if reg.get("aliases") else "")
+
+
 def _run_rm(cfg: RunConfig, run_id: str | None) -> dict:
     _prefect_env()
     from flows.reward_model import rm_train
@@ -375,7 +382,7 @@ def rm_train_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotate
     except PreferencesInvalid as e:
         typer.echo(f"rlpipe rm-train: {e}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"reward model {summary['registered_model']['name']} v{summary['registered_model']['version']}: "
+    typer.echo(f"reward model {_version_text(summary['registered_model'])}: "
                f"pair accuracy validation {summary['rm_validation_pair_accuracy']:.3f}, test {summary['rm_pair_accuracy']:.3f} "
                f"(n={summary['rm_test_pairs']}), {summary['rm_steps']} steps")
     typer.echo(summary["_path"])
@@ -387,6 +394,35 @@ def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Opt
     cfg = _load(config, set_)
     summary = _run_sft(cfg, run_id)
     typer.echo(summary["_path"])
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    model: Annotated[str, typer.Argument(help="models:/NAME@ALIAS, models:/NAME/VERSION or a checkpoint folder.")],
+    config: ConfigArg = None, set_: SetOpt = None,
+    split: Annotated[str, typer.Option(help="validation (promotion allowed) or test (report only).")] = "validation",
+    baseline: Annotated[Optional[str], typer.Option(help="Alias of the same model to compare with; 'none' for no baseline.")] = "best",
+    promote_to: Annotated[Optional[str], typer.Option(help="Move this alias (best, champion) to MODEL when it beats the baseline.")] = None,
+) -> None:
+    """Greedy evaluation of a model on a split, beside a baseline alias, logged to MLflow (the `evaluate`
+    deployment). CONFIG defaults to the config MODEL was trained with. Prints summary.json's path last."""
+    _prefect_env()
+    from flows.evaluate import evaluate
+
+    cfg = _load(config, set_) if config or set_ else None
+    if split not in ("validation", "test"):
+        typer.echo(f"rlpipe evaluate: --split {split!r}: use validation or test", err=True)
+        raise typer.Exit(2)
+    try:
+        out = evaluate(model=model, split=split, baseline=None if baseline == "none" else baseline, promote_to=promote_to, config=cfg)
+    except (LookupError, ValueError) as e:
+        typer.echo(f"rlpipe evaluate: {e}", err=True)
+        raise typer.Exit(2) from None
+    b = out["baseline"]
+    typer.echo(f"{out['name'] or model} v{out['version']} on {split}: accuracy {out['accuracy']:.3f} (n={out['n']})"
+               + (f"; @{b['alias']} (v{b['version']}): {b['accuracy']:.3f}" if b["accuracy"] is not None else "")
+               + f"; {out['reason']}")
+    typer.echo(settings().run_dir(out["run_id"]) / "summary.json")
 
 
 @app.command("report")
@@ -572,8 +608,7 @@ def _demo_sft(cfg: RunConfig, s) -> None:
         ("held-out accuracy after SFT", f"{summary['heldout_accuracy_after']:.1%}  (n={summary['heldout_n']})"),
         *([("tool calls/episode after SFT", f"{summary['tool_calls_per_episode_after']:.2f}")]
           if "tool_calls_per_episode_after" in summary else []),
-        ("registered", f"{summary['registered_model']['name']} v{summary['registered_model']['version']} "
-                       f"({', '.join(summary['registered_model']['aliases'])})"),
+        ("registered", _version_text(summary["registered_model"])),
         ("dataset version", summary["dataset_version"][:16]),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]

@@ -463,6 +463,10 @@ class TrackingConfig(_Strict):
     registered_model: str | None = Field(
         None, description="Registry name for checkpoints; default: 'rlpipe-<task.name>'."
     )
+    register_models: bool = Field(
+        True, description="Register checkpoints as model versions (each with an rlpipe.checkpoint.registered event). "
+        "false: a smoke or debug run registers nothing and moves no alias; its checkpoints stay in the store and "
+        "it still resumes.")
     system_metrics_s: float | None = Field(
         10.0, gt=0, description="MLflow system metrics (system/cpu_utilization_percentage, memory, disk, network, "
         "GPU) sampled every this many seconds while an RL run trains; null: off.")

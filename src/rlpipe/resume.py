@@ -30,7 +30,7 @@ __all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "re
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
 # Sections that watch, tidy or place a run without steering it (alerts, retention, where its services run):
 # free to change on a resume.
-OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.")
+OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models")
 
 
 def _steers(key: str) -> bool:

@@ -49,11 +49,13 @@ def test_versions_carry_lineage_and_aliases_move(cfg):
     assert mv.source == "/ckpts/3"
     assert tracker.version_by_alias(name, "base").version == v1["version"]
     assert tracker.version_by_alias(name, "latest").version == v3["version"]
-    # `best` follows validation accuracy, not recency, and never the test split.
-    assert tracker.version_by_alias(name, "best").version == v2["version"]
+    # A policy's `best` never moves on registration (the evaluate flow moves it), and cannot be asked to.
+    assert tracker.version_by_alias(name, "best") is None
+    with pytest.raises(ValueError, match="only through the evaluate flow"):
+        register_checkpoint.fn(cfg, "run-b", rid, ckpt(7), "d" * 64, 20, ("latest", "best"), accuracy=0.9)
     v4 = register_checkpoint.fn(cfg, "run-b", rid, ckpt(4), "d" * 64, 15, ("latest",), accuracy=0.40, test_accuracy=0.99)
-    assert tracker.version_by_alias(name, "best").version == v2["version"]
     assert v4["tags"]["test_accuracy"] == "0.990000" and v4["tags"]["validation_accuracy"] == "0.400000"
+    assert v4["tags"]["kind"] == "policy" and v4["tags"]["mlflow_run_id"] == rid
     # An iteration redone after a kill registers nothing new and moves no alias.
     again = register_checkpoint.fn(cfg, "run-b", rid, ckpt(3), "d" * 64, 10, ("latest",), accuracy=0.50)
     assert again["version"] == v3["version"] and tracker.version_by_alias(name, "latest").version == v4["version"]
@@ -62,3 +64,26 @@ def test_versions_carry_lineage_and_aliases_move(cfg):
         register_checkpoint.fn(cfg, "run-b", rid, ckpt(9), "d" * 64, 10, ("latest",), accuracy=0.50)
     assert tracker.version_by_alias(name, "nope") is None
     assert mlflow_alias("latest") == "last" and "last" in tracker.client.get_model_version(name, v4["version"]).aliases
+
+
+def test_reward_model_best_follows_validation_accuracy(cfg):
+    """The reward-model fit is the one caller that moves `best` on registration (promote_best): by validation
+    pair accuracy, never by recency or the test split."""
+    tracker = Tracker(settings(), cfg)
+    rid = tracker.start_run(cfg, "run-rm", "rm")
+    reg = lambda n, acc, test=None: register_checkpoint.fn(  # noqa: E731
+        cfg, "run-rm", rid, ckpt(n), "d" * 64, n, ("latest",), accuracy=acc, test_accuracy=test,
+        model_name="lineage-rm", extra_tags={"kind": "reward_model"}, promote_best=True)
+    v1, v2 = reg(1, 0.30), reg(2, 0.55)
+    reg(3, 0.50, test=0.99)
+    assert tracker.version_by_alias("lineage-rm", "best").version == v2["version"] != v1["version"]
+    assert tracker.client.get_model_version("lineage-rm", v2["version"]).tags["kind"] == "reward_model"
+
+
+def test_config_loads_back_from_the_run(cfg):
+    tracker = Tracker(settings(), cfg)
+    rid = tracker.start_run(cfg, "run-cfg", "rl")
+    assert tracker.run_config(rid) == cfg
+    other = tracker.client.create_run(tracker.experiment_id("lineage-test")).info.run_id
+    with pytest.raises(LookupError, match="pass the config explicitly"):
+        tracker.run_config(other)

@@ -5,7 +5,10 @@ default is a sqlite file and a local artifact folder under ``$RLPIPE_HOME``; set
 ``RLPIPE_TRACKING_URI`` for a server.
 
 Lineage tags on every model version: run id, iteration, config fingerprint, dataset version,
-parent version, weight sha256. Aliases: ``base`` (the SFT start), ``latest``, ``best``.
+parent version, weight sha256, and the Prefect flow run that registered it; the MLflow run (the
+version's source run) holds the whole config as ``config.json``. Aliases: ``base`` (the SFT start) and
+``latest`` move on registration; ``best`` and ``champion`` (PROMOTION_ALIASES) move only through the
+``evaluate`` flow, on the validation split, so a smoke run never moves what people compare.
 
 MLflow reserves the alias name ``latest`` (``models:/NAME/latest`` means the highest version
 number, whatever run made it), so rlpipe's ``latest`` is stored as the alias ``last``: code says
@@ -14,16 +17,20 @@ number, whatever run made it), so rlpipe's ``latest`` is stored as the alias ``l
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlpipe.config import RunConfig, Settings
 
+CONFIG_ARTIFACT = "config.json"
+PROMOTION_ALIASES = frozenset({"best", "champion"})
 LINEAGE_TAGS = ("run_id", "iteration", "config_fingerprint", "dataset_version", "parent_version", "weights_sha256")
 
-__all__ = ["LINEAGE_TAGS", "Tracker", "ModelVersionInfo", "mlflow_alias", "mlflow_ui_command"]
+__all__ = ["CONFIG_ARTIFACT", "LINEAGE_TAGS", "PROMOTION_ALIASES", "Tracker", "ModelVersionInfo", "mlflow_alias", "mlflow_ui_command"]
 
 
 def mlflow_alias(alias: str) -> str:
@@ -111,7 +118,21 @@ class Tracker:
         items = [Param(k, v) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):
             self.client.log_batch(rid, params=items[i : i + 100])
+        # The whole config, as the run was given it: params are flat strings, this one loads back (run_config).
+        self.client.log_dict(rid, cfg.model_dump(mode="json"), CONFIG_ARTIFACT)
         return rid
+
+    def run_config(self, mlflow_run_id: str) -> RunConfig:
+        """The config an rlpipe run was started with (its ``config.json`` artifact)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                path = self.client.download_artifacts(mlflow_run_id, CONFIG_ARTIFACT, d)
+            except Exception as e:  # noqa: BLE001 - MLflow raises several types for a missing artifact
+                raise LookupError(f"MLflow run {mlflow_run_id} in {self.uri} has no {CONFIG_ARTIFACT} (a run "
+                                  "older than the artifact?); pass the config explicitly") from e
+            return RunConfig.model_validate(json.loads(Path(path).read_text()))
 
     def log_params(self, mlflow_run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param

@@ -1,0 +1,119 @@
+"""Tasks of the ``evaluate`` flow: resolve a model version, measure it greedily on a split, log the result
+beside the baseline's in MLflow, and move a promotion alias when the candidate is better."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rlpipe.config import RunConfig, settings
+from rlpipe.evaluation import greedy_eval
+from rlpipe.tracking.mlflow_utils import Tracker
+from tasks._log import run_logger
+
+SPLITS = ("validation", "test")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model to evaluate: a registry version (name, version) or a plain folder (name None)."""
+
+    spec: str
+    source: str
+    name: str | None = None
+    version: str | None = None
+    mlflow_run_id: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} v{self.version}" if self.name else self.spec
+
+
+def resolve_candidate(spec: str, config: RunConfig | None) -> Candidate:
+    """``models:/NAME@ALIAS``, ``models:/NAME/VERSION`` or a checkpoint folder/URI."""
+    if not spec.startswith("models:/"):
+        return Candidate(spec, spec)
+    tracker = Tracker(settings(), config)
+    ref = spec[len("models:/"):]
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        mv = tracker.version_by_alias(name, alias)
+        if mv is None:
+            raise LookupError(f"{spec}: model {name!r} has no version with alias {alias!r} in {tracker.uri}; register one "
+                              "first (the sft deployment registers @base, train registers @last)")
+        version = mv.version
+    else:
+        name, _, version = ref.rpartition("/")
+    mv = tracker.client.get_model_version(name, version)
+    return Candidate(spec, mv.source, name, str(mv.version), mv.run_id, tuple(getattr(mv, "aliases", ()) or ()))
+
+
+def config_for(candidate: Candidate, config: RunConfig | None) -> RunConfig:
+    """The given config, else the one the candidate was trained with (its MLflow run's config.json)."""
+    if config is not None:
+        return config
+    if candidate.mlflow_run_id is None:
+        return RunConfig()
+    return Tracker(settings(), None).run_config(candidate.mlflow_run_id)
+
+
+@task(name="evaluate-models", cache_policy=NO_CACHE, timeout_seconds=3600)
+def evaluate_models(config: RunConfig, dataset: dict[str, Any], split: str, models: list[Candidate]) -> list[dict[str, Any]]:
+    """Greedy evaluation of each model on ``split``, one engine reloaded between them (the numbers are the
+    ones an RL run logs for the same weights: :func:`rlpipe.evaluation.greedy_eval`)."""
+    from rlpipe.rollout.engines import new_engine
+    from rlpipe.training.models import fetch_source
+    from tasks.rl import context_length, ground_truths, prompt_rows, reward_model_source, split_rows, verifier_pool
+    from transformers import AutoTokenizer
+
+    rows = prompt_rows(config, dataset)
+    chosen = split_rows(config, rows, split)
+    if not chosen:
+        raise ValueError(f"the prompt set {dataset['uri']} has no {split!r} rows; set data.{split}_size or use another split")
+    folders = [str(fetch_source(m.source, settings())) for m in models]
+    engine = new_engine(config.rollout.engine, folders[0], max_model_len=context_length(config, rows), seed=config.seed)
+    pool = verifier_pool(config)
+    rm = reward_model_source(config) if config.reward.type == "model" else None
+    out = []
+    try:
+        for k, (m, folder) in enumerate(zip(models, folders)):
+            if k:
+                engine.load_weights(folder)
+            res = greedy_eval(engine, AutoTokenizer.from_pretrained(folder), pool, chosen, ground_truths(rows),
+                              max_new_tokens=config.rollout.max_new_tokens, reward_model=rm, agent=config.agent)
+            run_logger().info("%s on %s: accuracy %.3f (n=%d) in %.1f s [%d/%d]", m.label, split, res["accuracy"], res["n"],
+                              res["eval_s"], k + 1, len(models))
+            out.append(res)
+    finally:
+        pool.close()
+        engine.close()
+    return out
+
+
+@task(name="log-evaluation", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=120)
+def log_evaluation(config: RunConfig, run_id: str, dataset_version: str, split: str, candidate: Candidate,
+                   result: dict[str, Any], baseline: Candidate | None, baseline_result: dict[str, Any] | None,
+                   baseline_alias: str | None) -> str:
+    """An MLflow run (kind ``evaluate``) with the candidate's and the baseline's scores side by side, the
+    generations table, and tags on the candidate's model version (``eval_<split>_accuracy``)."""
+    tracker = Tracker(settings(), config)
+    rid = tracker.start_run(config, run_id, "evaluate", dataset_version)
+    metrics = {f"{split}_accuracy": result["accuracy"], f"{split}_true_score": result["true_score"], "n": result["n"]}
+    if baseline_result is not None:
+        metrics |= {f"baseline_{split}_accuracy": baseline_result["accuracy"],
+                    f"delta_{split}_accuracy": result["accuracy"] - baseline_result["accuracy"]}
+    tracker.log_metrics(rid, metrics, 0)
+    tags = {"rlpipe.eval.model": candidate.spec, "rlpipe.eval.split": split,
+            "rlpipe.eval.model_version": candidate.label, "rlpipe.eval.baseline": (
+                f"@{baseline_alias} = {baseline.label}" if baseline else f"@{baseline_alias} (none)" if baseline_alias else "")}
+    for k, v in tags.items():
+        tracker.client.set_tag(rid, k, v)
+    tracker.log_table(rid, result.get("samples") or [], "generations.json")
+    if candidate.name:
+        tracker.client.set_model_version_tag(candidate.name, candidate.version, f"eval_{split}_accuracy", f"{result['accuracy']:.6f}")
+        tracker.client.set_model_version_tag(candidate.name, candidate.version, f"eval_{split}_run", rid)
+    return rid
