@@ -104,7 +104,7 @@ def _mlflow_registry(cfg: RunConfig, s: Settings) -> str:
     try:
         source = resolve_source(spec, s, cfg)
     except Exception as e:  # noqa: BLE001
-        raise _Fail(f"{spec}: {str(e)[:200]}", "register it first (rlpipe sft CONFIG registers NAME@base), "
+        raise _Fail(f"{spec}: {str(e)[:200]}", "register it first (rlpipe sft CONFIG, or the sft deployment, registers NAME@base), "
                     "or point task.policy_model at a registered version") from None
     return f"{spec} → {source}"
 

@@ -73,15 +73,16 @@ def _wait_healthy(api: str, proc: subprocess.Popen, timeout: float = 180) -> Non
 
 
 @contextlib.contextmanager
-def prefect_server(home: Path) -> Iterator[PrefectServer]:
-    """Start the server (~20 s), yield it, stop it by its process group."""
+def prefect_server(home: Path, extra_env: dict[str, str] | None = None) -> Iterator[PrefectServer]:
+    """Start the server (~20 s), yield it, stop it by its process group. ``extra_env`` reaches the server
+    and the clients (e.g. the scheduler's loop interval)."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")
            and k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE")} | {
         "PREFECT_HOME": str(home / "prefect"), "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "INFO", "PWD": str(ROOT), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
-    }
+    } | (extra_env or {})
     log = (home / "server.log").open("w")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
