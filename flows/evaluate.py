@@ -11,8 +11,6 @@ import time
 from typing import Any, Literal, Optional
 
 from prefect import flow
-from pydantic import Field
-from typing_extensions import Annotated
 
 from rlpipe.config import RunConfig, settings
 from rlpipe.evaluation import compare
@@ -27,20 +25,24 @@ from tasks.preflight import preflight_task
 
 @flow(name="evaluate", flow_run_name="eval-{split}")
 def evaluate(
-    model: Annotated[str, Field(description="The model: models:/NAME@ALIAS, models:/NAME/VERSION or a checkpoint folder.")]
-    = "models:/rlpipe-arithmetic@last",
-    split: Annotated[Literal["validation", "test"], Field(
-        description="The prompt set's split. Promotion needs 'validation': the test split only reports.")] = "validation",
-    baseline: Annotated[Optional[str], Field(
-        description="Alias of the same model name to compare with (evaluated on the same rows now); null: none.")] = "best",
-    promote_to: Annotated[Optional[str], Field(
-        description="Alias to move to the candidate when it beats the baseline (e.g. best, champion); null: report only.")] = None,
-    config: Annotated[Optional[RunConfig], Field(
-        description="The prompt set, verifiers and engine; null: the config the model was trained with.")] = None,
+    model: str = "models:/rlpipe-arithmetic@last",
+    split: Literal["validation", "test"] = "validation",
+    baseline: Optional[str] = "best",
+    promote_to: Optional[str] = None,
+    config: Optional[RunConfig] = None,
     run_id: str = "",
 ) -> dict[str, Any]:
-    """Evaluate ``model`` greedily on ``split``; returns (and writes as summary.json) the scores, the
-    baseline's, and whether ``promote_to`` moved."""
+    """Evaluate a model greedily on a split, beside a baseline alias; returns (and writes as summary.json)
+    the scores and whether ``promote_to`` moved.
+
+    Args:
+        model: The model: models:/NAME@ALIAS, models:/NAME/VERSION or a checkpoint folder.
+        split: The prompt set's split. Promotion needs 'validation'; the test split only reports.
+        baseline: Alias of the same model name to compare with, evaluated now on the same rows; empty: none.
+        promote_to: Alias to move to the model when it beats the baseline (best, champion); empty: report only.
+        config: The prompt set, verifiers and engine; empty: the config the model was trained with.
+        run_id: Id of this evaluation (its summary.json and MLflow run); empty: a new one.
+    """
     start = time.perf_counter()
     run_id = check_run_id(run_id or new_run_id("eval"))
     candidate = resolve_candidate(model, config)

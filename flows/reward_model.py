@@ -18,7 +18,12 @@ from tasks.tracking import end_tracking, register_checkpoint, start_tracking, ve
 @flow(name="rm-train", flow_run_name="{run_id}")
 def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     """Train a reward model on preference pairs; ``best`` follows validation pair accuracy, ``latest`` the
-    newest. Returns the path of the run's summary.json."""
+    newest. Returns the path of the run's summary.json.
+
+    Args:
+        config: The run config; the rm section (base model, preference data, loss, steps) is used.
+        run_id: Id of this run (its summary.json and MLflow run); empty: a new one.
+    """
     start = time.perf_counter()
     run_id = run_id or new_run_id("rm")
     preflight_task(config)  # fail fast, naming the component that is down

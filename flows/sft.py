@@ -17,7 +17,13 @@ from tasks.tracking import end_tracking, register_checkpoint, start_tracking, ve
 
 @flow(name="sft", log_prints=True)
 def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
-    """Train the policy's starting point; returns the path of the run's summary.json."""
+    """Train the policy's starting point; returns the path of the run's summary.json.
+
+    Args:
+        config: The run config; the sft section and the task's prompt set are used. Registers
+            models:/rlpipe-<task.name>@base.
+        run_id: Id of this run (its summary.json and MLflow run); empty: a new one.
+    """
     start = time.perf_counter()
     run_id = run_id or new_run_id("sft")
     preflight_task(config)  # fail fast, naming the component that is down

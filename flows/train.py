@@ -77,7 +77,14 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     """Train with RL; returns the path of the run's summary.json.
 
     The same run id resumes (see :mod:`rlpipe.resume`); a changed config or dataset is refused unless
-    ``allow_config_change``, and then recorded in MLflow."""
+    ``allow_config_change``, and then recorded in MLflow.
+
+    Args:
+        config: The run config: task and prompt set, policy model (a registered models:/NAME@ALIAS), rollout,
+            rewards, algorithm and optimizer, tracking. Each field is documented.
+        run_id: Start this run, or resume it after its last completed iteration; empty: a new run id.
+        allow_config_change: Resume even though the config or the dataset changed (recorded in MLflow).
+    """
     start = time.perf_counter()
     run_id = check_run_id(run_id or new_run_id("rl"))
     log = run_logger()

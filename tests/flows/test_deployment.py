@@ -59,6 +59,8 @@ def test_every_deployment_default_is_a_valid_parameter_set():
     for name, d in deps.items():
         fl = load_flow_from_entrypoint(str(ROOT / d["entrypoint"]))
         params = fl.validate_parameters(d.get("parameters") or {})
+        undocumented = [k for k, v in fl.parameters.model_dump()["properties"].items() if not v.get("description")]
+        assert not undocumented, f"{name}: the UI form would show {undocumented} without a description"
         assert d["work_pool"]["name"] == "rlpipe-local", name
         if name == "train":  # the RL run starts from the SFT base, never from an untrained model
             assert params["config"].task.policy_model == "models:/rlpipe-arithmetic@base"
