@@ -1,9 +1,9 @@
 """``rlpipe up`` / ``status`` / ``down``: the long-lived local stack as background processes.
 
-``up`` starts, on 127.0.0.1 and each on a free port: SeaweedFS's S3 server (a bucket ``rlpipe`` and a
-fresh key pair), an MLflow tracking server, a Prefect server and a process worker on the pool
-``rlpipe-local``, and the rlpipe services the config needs (the verifier service; the reward-model
-service for ``reward.type: model``; the environment service for agent runs; ``rollout_replicas``
+``up`` starts, on 127.0.0.1 and each on a free port: SeaweedFS's S3 server (a bucket ``rlpipe``; runs get a
+fresh key pair that may read, write, list and tag in that bucket only, see :func:`_s3`), an MLflow tracking
+server, a Prefect server and a process worker on the pool ``rlpipe-local``, and the rlpipe services the config
+needs (the verifier service; the reward-model service for ``reward.type: model``; the environment service for agent runs; ``rollout_replicas``
 rollout services; the trainer service with ``trainer_ranks`` ranks). Every component gets a log and a pid in ``$RLPIPE_HOME/stack/``, its own
 ``RLPIPE_HOME`` where it is an rlpipe process, and is health-checked before ``up`` returns; when one
 fails, what was started is stopped again and the error names the component and its log. ``stack.json``
@@ -30,6 +30,9 @@ from rlpipe.net import free_port
 __all__ = ["StackError", "down", "status", "up"]
 
 BUCKET = "rlpipe"
+# What the runs' S3 identity may do: SeaweedFS's bucket-scoped actions. No Admin: it cannot create or
+# delete buckets, nor touch another bucket. (infra/s3-identities.json is the same identity as a sample.)
+SCOPED_ACTIONS = tuple(f"{action}:{BUCKET}" for action in ("Read", "Write", "List", "Tagging"))
 
 
 class StackError(RuntimeError):
@@ -62,12 +65,29 @@ def _rlpipe(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from rlpipe.cli import main; sys.argv = ['rlpipe'] + sys.argv[1:]; main()", *args]
 
 
-def _s3(d: Path) -> tuple[Component, dict[str, str]]:
+@dataclass(frozen=True)
+class S3Admin:
+    """The object store's admin key pair. Only ``up`` holds it, to make the bucket (:func:`_bucket_ready`); it is
+    in no component's environment, nor in ``env.sh`` or ``stack.json`` (SeaweedFS reads it from its 0600
+    identity file)."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+
+
+def _s3(d: Path) -> tuple[Component, dict[str, str], S3Admin]:
+    """The S3 server with two identities: ``rlpipe`` (fresh keys, :data:`SCOPED_ACTIONS` only), whose keys are
+    the runs' variables, and ``rlpipe-admin``, returned apart so that it never reaches them."""
     access, secret = f"rlpipe-{secrets.token_hex(4)}", secrets.token_urlsafe(24)
+    admin = S3Admin(f"rlpipe-admin-{secrets.token_hex(4)}", secrets.token_urlsafe(24))
     ident = d / "s3-identities.json"
-    ident.write_text(json.dumps({"identities": [{"name": "rlpipe", "credentials": [{"accessKey": access, "secretKey": secret}],
-                                                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    ident.chmod(0o600)
+    ident.touch(mode=0o600)
+    ident.chmod(0o600)  # before the keys go in
+    ident.write_text(json.dumps({"identities": [
+        {"name": "rlpipe-admin", "credentials": [{"accessKey": admin.access_key, "secretKey": admin.secret_key}],
+         "actions": ["Admin"]},
+        {"name": "rlpipe", "credentials": [{"accessKey": access, "secretKey": secret}], "actions": list(SCOPED_ACTIONS)},
+    ]}))
     ports = {k: free_port() for k in ("master", "master.port.grpc", "volume", "volume.port.grpc", "filer",
                                        "filer.port.grpc", "s3", "s3.port.grpc")}
     (d / "s3-data").mkdir(exist_ok=True)
@@ -79,12 +99,12 @@ def _s3(d: Path) -> tuple[Component, dict[str, str]]:
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     env = {"RLPIPE_STORAGE_URI": f"s3://{BUCKET}/store", "RLPIPE_S3_ENDPOINT_URL": endpoint,
            "RLPIPE_S3_ACCESS_KEY_ID": access, "RLPIPE_S3_SECRET_ACCESS_KEY": secret, "RLPIPE_S3_REGION": "us-east-1"}
-    return Component("s3", cmd, f"s3:{endpoint}", endpoint), env
+    return Component("s3", cmd, f"s3:{endpoint}", endpoint), env, admin
 
 
-def _core(d: Path) -> tuple[list[Component], dict[str, str]]:
-    """The object store, MLflow and Prefect, and the variables that point at them."""
-    s3, env = _s3(d)
+def _core(d: Path) -> tuple[list[Component], dict[str, str], S3Admin]:
+    """The object store, MLflow and Prefect, the variables that point at them, and the store's admin keys."""
+    s3, env, admin = _s3(d)
     mlflow_port, prefect_port = free_port(), free_port()
     mlflow = Component("mlflow", [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
                                   "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
@@ -95,7 +115,7 @@ def _core(d: Path) -> tuple[list[Component], dict[str, str]]:
                         env={"PREFECT_HOME": str(d / "prefect")})
     env |= {"RLPIPE_TRACKING_URI": mlflow.url, "PREFECT_API_URL": f"{prefect.url}/api",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return [s3, mlflow, prefect], env
+    return [s3, mlflow, prefect], env, admin
 
 
 def _services(config: RunConfig, d: Path, rollout_replicas: int, trainer_ranks: int = 0) -> tuple[list[Component], dict[str, str]]:
@@ -133,39 +153,45 @@ def _start(c: Component, d: Path, env: dict[str, str]) -> None:
     (d / f"{c.name}.pid").write_text(str(proc.pid))
 
 
-def _healthy(c: Component, env: dict[str, str]) -> bool:
+def _healthy(c: Component, env: dict[str, str], admin: S3Admin | None = None) -> bool:
     import httpx
 
     if c.health.startswith("s3:"):
-        return _bucket_ready(env)
+        return _bucket_ready(env, admin)
     try:
         return httpx.get(c.health, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def _bucket_ready(env: dict[str, str]) -> bool:
-    """The S3 API answers and its volumes take a write (the bucket is made on the first try that works)."""
+def _bucket_ready(env: dict[str, str], admin: S3Admin | None = None) -> bool:
+    """The S3 API answers and its volumes take a write from the runs' identity. With ``admin`` (``up``), the
+    bucket is made first, on the first try that works: the runs' identity may not create buckets."""
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=env["RLPIPE_S3_ENDPOINT_URL"], aws_access_key_id=env["RLPIPE_S3_ACCESS_KEY_ID"],
-                          aws_secret_access_key=env["RLPIPE_S3_SECRET_ACCESS_KEY"], region_name="us-east-1",
-                          config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}))
+    def client(access: str, secret: str):
+        return boto3.client("s3", endpoint_url=env["RLPIPE_S3_ENDPOINT_URL"], aws_access_key_id=access,
+                            aws_secret_access_key=secret, region_name="us-east-1",
+                            config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}))
+
     try:
-        if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
-            client.create_bucket(Bucket=BUCKET)
-        client.put_object(Bucket=BUCKET, Key="_ready", Body=b"1")
+        if admin is not None:
+            adm = client(admin.access_key, admin.secret_key)
+            if BUCKET not in {b["Name"] for b in adm.list_buckets().get("Buckets", [])}:
+                adm.create_bucket(Bucket=BUCKET)
+        runs = client(env["RLPIPE_S3_ACCESS_KEY_ID"], env["RLPIPE_S3_SECRET_ACCESS_KEY"])
+        runs.put_object(Bucket=BUCKET, Key="_ready", Body=b"1")
         return True
     except Exception:  # noqa: BLE001 - not up yet
         return False
 
 
-def _wait(components: list[Component], env: dict[str, str], timeout_s: float) -> None:
+def _wait(components: list[Component], env: dict[str, str], timeout_s: float, admin: S3Admin | None = None) -> None:
     pending, deadline = list(components), time.monotonic() + timeout_s
     while pending:
         for c in list(pending):
-            if _pid_alive(c.pid) and _healthy(c, env):
+            if _pid_alive(c.pid) and _healthy(c, env, admin):
                 pending.remove(c)
             elif not _pid_alive(c.pid):
                 raise StackError(f"{c.name} exited at start; its log {c.log}:\n{_tail(c.log)}")
@@ -208,14 +234,14 @@ def up(config: RunConfig, s: Settings, rollout_replicas: int = 0, trainer_ranks:
     if (d / "stack.json").exists() and any(c["alive"] for c in status(s)):
         raise StackError(f"a stack is already running from {d}: `rlpipe status` shows it, `rlpipe down` stops it")
     d.mkdir(parents=True, exist_ok=True)
-    core, env = _core(d)
+    core, env, admin = _core(d)
     started: list[Component] = []
     try:
         for c in core:
             _start(c, d, env)
             started.append(c)
         _record(d, started, env)
-        _wait(core, env, timeout_s)
+        _wait(core, env, timeout_s, admin)
         _work_pool(env, d)
         services, svc_env = _services(config, d, rollout_replicas, trainer_ranks)
         env |= svc_env
