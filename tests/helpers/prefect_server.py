@@ -58,18 +58,22 @@ class PrefectServer:
         return self.get(f"/flow_runs/{flow_run_id}")
 
 
-def _wait_healthy(api: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+def wait_healthy(health_url: str, proc: subprocess.Popen, what: str, timeout: float = 180,
+                 log: Path | None = None) -> None:
+    """Poll ``health_url`` until it answers 200; fail at once if ``proc`` exits (with ``log``'s tail)."""
+    def tail() -> str:
+        return "\n" + log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}{tail()}")
         try:
-            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+            with urllib.request.urlopen(health_url, timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
             time.sleep(1)
-    raise RuntimeError(f"prefect server at {api} not healthy after {timeout} s")
+    raise RuntimeError(f"{what} at {health_url} not healthy after {timeout} s{tail()}")
 
 
 @contextlib.contextmanager
@@ -87,7 +91,7 @@ def prefect_server(home: Path, extra_env: dict[str, str] | None = None) -> Itera
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_healthy(api, server)
+        wait_healthy(f"{api}/health", server, "prefect server")
         yield PrefectServer(api, env)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
