@@ -59,13 +59,13 @@ def register_checkpoint(
                 f"{existing.tags.get('weights_sha256', '')[:12]}, the redone iteration made {checkpoint['weights_sha256'][:12]}: "
                 "the redo was not deterministic; the registered version is kept")
         return asdict(existing)
-    parent = tracker.version_by_alias(name, "latest")
+    parent = _parent_version(tracker, name, run_id, iteration, config.task.policy_model)
     extra = {k: f"{v:.6f}" for k, v in (("validation_accuracy", accuracy), ("test_accuracy", test_accuracy)) if v is not None}
     extra |= {"kind": "policy", "prefect_flow_run_id": str(flow_run.get_id() or ""), "mlflow_run_id": mlflow_run_id or ""} | (extra_tags or {})
     mv = tracker.register_checkpoint(
         name, checkpoint["checkpoint_uri"], mlflow_run_id, rlpipe_run_id=run_id, iteration=iteration,
         config_fingerprint=config.fingerprint(), dataset_version=dataset_version,
-        weights_sha256=checkpoint["weights_sha256"], parent_version=parent.version if parent else None,
+        weights_sha256=checkpoint["weights_sha256"], parent_version=parent,
         aliases=aliases, extra_tags=extra,
     )
     if promote_best and accuracy is not None:
@@ -100,6 +100,28 @@ def announce_registration(mv: Any, kind: str) -> None:
 def version_summary(version: dict[str, Any] | None) -> dict[str, Any] | None:
     """A registered version as a summary shows it; None when the config opted out of registration."""
     return {"name": version["name"], "version": version["version"], "aliases": list(version["aliases"])} if version else None
+
+
+def _parent_version(tracker: Tracker, name: str, run_id: str, iteration: int, start: str) -> str | None:
+    """What a new version came from: this run's previous version, else the registered version the run
+    started from (``task.policy_model`` when it is ``models:/``; written ``NAME/VERSION`` when that is
+    another model). Never another run's version that happens to hold ``@last``."""
+    found = tracker.client.search_model_versions(f"name='{name}' and tags.run_id='{run_id}'")
+    earlier = [m for m in found if int(m.tags.get("iteration", "-1")) < iteration]
+    if earlier:
+        return str(max(earlier, key=lambda m: (int(m.tags["iteration"]), int(m.version))).version)
+    if not start.startswith("models:/"):
+        return None
+    ref = start[len("models:/"):]
+    if "@" in ref:
+        start_name, alias = ref.split("@", 1)
+        mv = tracker.version_by_alias(start_name, alias)
+        version = mv.version if mv else None
+    else:
+        start_name, version = ref.rsplit("/", 1)
+    if version is None:
+        return None
+    return str(version) if start_name == name else f"{start_name}/{version}"
 
 
 def _registered(tracker: Tracker, name: str, run_id: str, iteration: int):

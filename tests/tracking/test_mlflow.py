@@ -62,8 +62,15 @@ def test_versions_carry_lineage_and_aliases_move(cfg):
     assert len(tracker.client.search_model_versions(f"name='{name}'")) == 4
     with pytest.raises(RuntimeError, match="not deterministic"):
         register_checkpoint.fn(cfg, "run-b", rid, ckpt(9), "d" * 64, 10, ("latest",), accuracy=0.50)
+    # Another run's version never becomes a parent: a run from @base starts its lineage at @base's version.
+    other = cfg.model_copy(update={"task": cfg.task.model_copy(update={"policy_model": f"models:/{name}@base"})})
+    w1 = register_checkpoint.fn(other, "run-c", rid, ckpt(8), "d" * 64, 3, ("latest",))
+    w2 = register_checkpoint.fn(other, "run-c", rid, ckpt(9), "d" * 64, 6, ("latest",))
+    assert w1["tags"]["parent_version"] == v1["version"] and w2["tags"]["parent_version"] == w1["version"]
+    fresh = register_checkpoint.fn(cfg, "run-d", rid, ckpt(10), "d" * 64, 1, ("latest",))
+    assert fresh["tags"]["parent_version"] == ""  # a tiny model started from config has no parent
     assert tracker.version_by_alias(name, "nope") is None
-    assert mlflow_alias("latest") == "last" and "last" in tracker.client.get_model_version(name, v4["version"]).aliases
+    assert mlflow_alias("latest") == "last" and "last" in tracker.client.get_model_version(name, fresh["version"]).aliases
 
 
 def test_reward_model_best_follows_validation_accuracy(cfg):
