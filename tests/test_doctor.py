@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_config, settings
-from rlpipe.doctor import PreflightError, _one, preflight
+from rlpipe.doctor import PreflightError, _mlflow_registry, _one, preflight
 from tests.helpers.s3server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +65,18 @@ def test_a_hung_or_crashing_check_is_that_components_failure():
     assert crash.status == "fail" and "ZeroDivisionError" in crash.detail
     fine = _one("fine", lambda c, st: "all good", cfg, s, 5)
     assert (fine.component, fine.status, fine.detail, fine.fix) == ("fine", "ok", "all good", "")
+
+
+def test_an_mlflow_server_with_a_local_store_fails_before_any_run(tmp_path, monkeypatch):
+    """An MLflow *server* refuses a model version whose source is a local folder: say so at preflight, not at the
+    first save point."""
+    monkeypatch.setenv("RLPIPE_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("RLPIPE_STORAGE_URI", str(tmp_path / "store"))
+    cfg = load_config(None, [])
+    bad = _one("mlflow-registry", _mlflow_registry, cfg, settings(), 30)
+    assert bad.status == "fail" and "local folder" in bad.detail and "RLPIPE_STORAGE_URI=s3://" in bad.fix
+    cfg = load_config(None, ["tracking.register_models=false"])  # nothing registered: the check moves on
+    assert "local folder" not in _one("mlflow-registry", _mlflow_registry, cfg, settings(), 30).detail
 
 
 def test_preflight_fails_fast_naming_the_component(tmp_path, monkeypatch):

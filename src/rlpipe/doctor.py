@@ -93,6 +93,12 @@ def _mlflow_registry(cfg: RunConfig, s: Settings) -> str:
     from rlpipe.training.models import resolve_source
 
     client, uri = _mlflow_client(cfg, s)
+    store = s.resolve_storage_uri(cfg)
+    if uri.startswith(("http://", "https://")) and cfg.tracking.register_models and not store.startswith("s3://"):
+        raise _Fail(f"{uri} is an MLflow server and checkpoints go to the local folder {store}: the server refuses "
+                    "to register a version whose source is a local path",
+                    "store checkpoints in S3 (RLPIPE_STORAGE_URI=s3://…; `rlpipe up` sets it), or set "
+                    "tracking.register_models=false") from None
     try:
         client.search_registered_models(max_results=5)
     except Exception as e:  # noqa: BLE001
