@@ -1,9 +1,11 @@
-"""One trainer update on a fixed batch; run alone or under torchrun. Writes the updated weights."""
+"""Trainer updates on a fixed batch, run alone or under torchrun; each case writes its updated weights."""
 
 import argparse
+import gc
 import json
 import random
 import sys
+from pathlib import Path
 
 import torch
 
@@ -23,26 +25,36 @@ def fixed_batch(n: int = 48) -> list[Sample]:
     return out
 
 
+def run_case(model: str, out: Path, zero: int, kl: float, sets: list[str]) -> None:
+    """One update from ``model`` on the fixed batch; weights and (rank 0) metrics.json into ``out``."""
+    import yaml
+
+    extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in sets)}
+    if "critic_lr" in extra:
+        extra["critic"] = {"lr": extra.pop("critic_lr")}
+    cfg = TrainConfig(**({"batch_size": 16, "micro_batch_size": 4, "zero_stage": zero, "lr": 1e-3, "kl_coef": kl} | extra))
+    trainer = PolicyTrainer(model_dir=model, cfg=cfg, seed=0, max_new_tokens=5)
+    metrics = trainer.update(fixed_batch(), iteration=0)
+    digest = trainer.export_weights(str(out))
+    if trainer.rank == 0:
+        json.dump({"metrics": metrics, "sha": digest, "world": trainer.world}, open(out / "metrics.json", "w"))
+    del trainer
+    gc.collect()
+
+
 def main() -> None:
+    """``--cases FILE``: a JSON object ``{name: {"zero": Z, "kl": K, "sets": [...]}}``, run one after another
+    in this process (one launch, one process group, for all of them); each writes ``OUT/<name>/``."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--zero", type=int, default=0)
-    ap.add_argument("--kl", type=float, default=0.0)
-    ap.add_argument("--set", action="append", default=[], help="extra TrainConfig field=value (YAML value)")
+    ap.add_argument("--cases", required=True)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    import yaml
-
-    extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in a.set)}
-    if "critic_lr" in extra:
-        extra["critic"] = {"lr": extra.pop("critic_lr")}
-    cfg = TrainConfig(**({"batch_size": 16, "micro_batch_size": 4, "zero_stage": a.zero, "lr": 1e-3, "kl_coef": a.kl} | extra))
-    trainer = PolicyTrainer(model_dir=a.model, cfg=cfg, seed=0, max_new_tokens=5)
-    metrics = trainer.update(fixed_batch(), iteration=0)
-    digest = trainer.export_weights(a.out)
-    if trainer.rank == 0:
-        json.dump({"metrics": metrics, "sha": digest, "world": trainer.world}, open(f"{a.out}/metrics.json", "w"))
+    for name, case in json.loads(Path(a.cases).read_text()).items():
+        out = Path(a.out) / name
+        out.mkdir(parents=True, exist_ok=True)
+        run_case(a.model, out, case.get("zero", 0), case.get("kl", 0.0), case.get("sets", []))
     # Leave the gloo group cleanly: exiting with it alive can abort a rank during interpreter teardown
     # ("terminate called without an active exception").
     import torch.distributed as dist

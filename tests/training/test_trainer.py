@@ -12,24 +12,46 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "helpers" / "dist_update.py"
 
 
-def _launch(model, out, nproc, zero, kl=0.0, sets=()):
+VARIANTS = {
+    # critic (own engine and optimizer), GAE, KL folded into the reward, entropy bonus, 2 epochs, seq-mean-token-sum
+    "ppo": ["algorithm=ppo", "kl_in=reward", "entropy_coef=0.01", "ppo_epochs=2", "loss_agg_mode=seq_mean_token_sum",
+            "critic_lr=1e-3"],
+    # constant normaliser, overlong filtering (truncated rows masked), dual clip, k2 KL in the loss
+    "dr_grpo": ["algorithm=dr_grpo", "mask_truncated=true", "dual_clip=3.0", "kl_estimator=k2"],
+    # sequence-level ratio, seq-mean-token-mean, clip-higher
+    "gspo": ["algorithm=gspo", "clip_ratio_low=0.0003", "clip_ratio_high=0.0004"],
+}
+# Every case, updated from the same checkpoint by one rank and by two: one launch per world size.
+CASES = {f"zero{z}": {"zero": z, "kl": 0.05} for z in (0, 1, 2)} | {
+    name: {"zero": 0, "kl": 0.05, "sets": sets} for name, sets in VARIANTS.items()}
+
+
+def _launch(model, out, nproc):
     env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}  # this checkout
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     from tests.helpers.s3server import free_port
 
+    out.mkdir(parents=True)
+    (out / "cases.json").write_text(json.dumps(CASES))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-           str(SCRIPT), "--model", str(model), "--out", str(out), "--zero", str(zero), "--kl", str(kl)]
-    cmd += [x for item in sets for x in ("--set", item)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+           str(SCRIPT), "--model", str(model), "--out", str(out), "--cases", str(out / "cases.json")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((out / "metrics.json").read_text()), load_file(out / "model.safetensors")
+    return {name: (json.loads((out / name / "metrics.json").read_text()), load_file(out / name / "model.safetensors"))
+            for name in CASES}
+
+
+@pytest.fixture(scope="module")
+def updates(tiny_checkpoint, tmp_path_factory):
+    """{world size: {case: (metrics, weights)}}."""
+    root = tmp_path_factory.mktemp("dist-updates")
+    return {n: _launch(tiny_checkpoint, root / f"world{n}", n) for n in (1, 2)}
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
-def test_two_ranks_give_the_same_update_as_one(tiny_checkpoint, tmp_path, zero):
-    m1, w1 = _launch(tiny_checkpoint, tmp_path / "one", 1, zero, kl=0.05)
-    m2, w2 = _launch(tiny_checkpoint, tmp_path / "two", 2, zero, kl=0.05)
+def test_two_ranks_give_the_same_update_as_one(tiny_checkpoint, updates, zero):
+    (m1, w1), (m2, w2) = updates[1][f"zero{zero}"], updates[2][f"zero{zero}"]
     assert m1["world"] == 1 and m2["world"] == 2
     before = load_file(Path(tiny_checkpoint) / "model.safetensors")
     moved = max(float((w1[k] - before[k]).abs().max()) for k in w1)
@@ -41,22 +63,27 @@ def test_two_ranks_give_the_same_update_as_one(tiny_checkpoint, tmp_path, zero):
     assert m1["metrics"]["samples_excluded"] == 4 and m1["metrics"]["optimizer_steps"] == 3
 
 
-VARIANTS = {
-    # critic (own engine and optimizer), GAE, KL folded into the reward, entropy bonus, 2 epochs, seq-mean-token-sum
-    "ppo": ["algorithm=ppo", "kl_in=reward", "entropy_coef=0.01", "ppo_epochs=2", "loss_agg_mode=seq_mean_token_sum",
-            "critic_lr=1e-3"],
-    # constant normaliser, overlong filtering (truncated rows masked), dual clip, k2 KL in the loss
-    "dr_grpo": ["algorithm=dr_grpo", "mask_truncated=true", "dual_clip=3.0", "kl_estimator=k2"],
-    # sequence-level ratio, seq-mean-token-mean, clip-higher
-    "gspo": ["algorithm=gspo", "clip_ratio_low=0.0003", "clip_ratio_high=0.0004"],
-}
+def test_cases_in_one_process_equal_a_fresh_process(tiny_checkpoint, updates, tmp_path):
+    """Sharing a launch between cases changes nothing: the last case alone in a new process gives the same weights."""
+    last = list(CASES)[-1]
+    script = (f"import os, sys; sys.path[:0] = [{str(ROOT / 'src')!r}, {str(ROOT)!r}]\n"
+              "from pathlib import Path; from tests.helpers.dist_update import run_case\n"
+              f"run_case({str(tiny_checkpoint)!r}, Path({str(tmp_path)!r}), 0, 0.05, {CASES[last].get('sets', [])!r})\n")
+    env = dict(os.environ) | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    from tests.helpers.s3server import free_port
+
+    proc = subprocess.run([sys.executable, "-c", script], env=env | {"MASTER_PORT": str(free_port())}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alone = load_file(tmp_path / "model.safetensors")
+    shared = updates[1][last][1]
+    assert all(torch.equal(alone[k], shared[k]) for k in shared)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_two_ranks_equal_one_for_every_loss_shape(tiny_checkpoint, tmp_path, variant):
+def test_two_ranks_equal_one_for_every_loss_shape(updates, variant):
     """The global counts behind each aggregation mode (and the critic's step) do not depend on the split."""
-    m1, w1 = _launch(tiny_checkpoint, tmp_path / "one", 1, 0, kl=0.05, sets=VARIANTS[variant])
-    m2, w2 = _launch(tiny_checkpoint, tmp_path / "two", 2, 0, kl=0.05, sets=VARIANTS[variant])
+    (m1, w1), (m2, w2) = updates[1][variant], updates[2][variant]
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=2e-6, rtol=1e-5), k
     keys = ["loss", "pg_loss", "kl", "kl_loss", "entropy", "clip_frac", "tokens"]
