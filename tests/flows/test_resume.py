@@ -32,7 +32,9 @@ def api(prefect_harness):
 
 @pytest.fixture(scope="module")
 def reference(api, tiny_checkpoint, even_task):
-    sets = rl_overrides(tiny_checkpoint, "rlkill", "vllm", even_task, iterations=3)
+    # The HF engine: these drills are about the run's state, and each of their nine processes would pay
+    # vLLM's start (~20 s). A resume onto a fresh vLLM engine is drilled in tests/flows/test_agent_flow.py.
+    sets = rl_overrides(tiny_checkpoint, "rlkill", "hf", even_task, iterations=3)
     ref = _cli(_args("rl-kill-ref", sets), {}, api)
     assert ref.returncode == 0, ref.stderr[-3000:]
     return sets, json.loads((settings().run_dir("rl-kill-ref") / "summary.json").read_text())
