@@ -32,6 +32,18 @@ def test_run_params_and_metrics(cfg):
     assert tracker.uri.startswith("sqlite:///") and str(settings().home) in tracker.uri
 
 
+
+def test_system_metrics_of_a_run_shorter_than_one_interval_are_logged(cfg):
+    # MLflow's monitor publishes once per interval and drops a partial one at finish: a short run had none.
+    tracker = Tracker(settings(), cfg)
+    rid = tracker.start_run(cfg, "run-sys", "rl")
+    monitor = tracker.system_metrics(rid, 60.0)
+    monitor.finish()  # well within the first 60 s interval
+    metrics = tracker.client.get_run(rid).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
+    monitor.finish()  # a second finish publishes nothing twice
+    assert len(tracker.client.get_metric_history(rid, "system/cpu_utilization_percentage")) == 1
+
 def test_versions_carry_lineage_and_aliases_move(cfg):
     tracker = Tracker(settings(), cfg)
     rid = tracker.start_run(cfg, "run-b", "rl")

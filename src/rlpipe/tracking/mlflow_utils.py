@@ -156,10 +156,9 @@ class Tracker:
             self.client.log_batch(mlflow_run_id, metrics=items)
 
     def system_metrics(self, mlflow_run_id: str, interval_s: float) -> Any:
-        """MLflow's own system-metrics monitor on this run (a thread); call ``.finish()`` to stop and flush it."""
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        monitor = SystemMetricsMonitor(mlflow_run_id, sampling_interval=interval_s, tracking_uri=self.uri)
+        """MLflow's own system-metrics monitor on this run (a thread); ``.finish()`` stops it and logs the
+        samples of the last, partial interval too, so a run shorter than one interval still has its figures."""
+        monitor = _FlushingMonitor(mlflow_run_id, sampling_interval=interval_s, tracking_uri=self.uri)
         monitor.start()
         return monitor
 
@@ -228,3 +227,20 @@ class Tracker:
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(name, mlflow_alias(alias), version)
+
+
+def _FlushingMonitor(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - builds a class deriving from a lazy import
+    """MLflow's ``SystemMetricsMonitor`` whose ``finish`` publishes what was sampled since the last publish
+    (MLflow's own drops it: a run that ends within one interval would log no system metrics at all)."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    class Monitor(SystemMetricsMonitor):
+        def finish(self) -> None:
+            running = self._process is not None
+            super().finish()
+            pending = running and any(m.metrics for m in self.monitors)
+            if pending:
+                self.publish_metrics(self.aggregate_metrics())
+                self.mlflow_logger.flush()
+
+    return Monitor(*args, **kwargs)
