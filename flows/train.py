@@ -7,6 +7,7 @@ finished (manifest written) are reused, half-written ones are redone.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -25,7 +26,7 @@ from tasks._log import run_logger
 from tasks.alerts import cancel_requested, raise_alerts
 from tasks.data import prepare_dataset
 from tasks.preflight import preflight_task
-from tasks.rl import evaluate, read_progress, run_dir, run_state, start_services, state_dir, write_progress
+from tasks.rl import evaluate, read_progress, run_dir, run_history, run_state, start_services, state_dir, write_progress
 from tasks.tracking import end_tracking, log_metrics, start_tracking
 
 
@@ -65,11 +66,23 @@ def _resume_point(config: RunConfig, run_id: str, dataset_version: str, allow_ch
     changes = check_resume(progress, config, dataset_version, allow_change)
     if where == 0:  # from the store: this machine has no (or older) state
         folder = state.fetch_state(progress, state_dir(run_id, k))
-        progress = progress | {"resume_dir": str(folder)}
+        progress = state.fetch_history(progress) | {"resume_dir": str(folder)}
         state.write_local(progress)
+    progress = _history_out_of_progress(state, progress)
     log.info("resuming run %s after iteration %d from %s (%s)", run_id, k, progress["resume_dir"],
              "this machine" if where else state.store.url(progress["resume_state"]))
     return progress, changes
+
+
+def _history_out_of_progress(state: Any, progress: dict[str, Any]) -> dict[str, Any]:
+    """A run started before ``history.jsonl`` kept its history inside ``progress.json``: move it out once."""
+    if "history" not in progress:
+        return progress
+    old = progress["history"]
+    state.history.replace("".join(json.dumps(h, sort_keys=True) + "\n" for h in old).encode())
+    progress = {k: v for k, v in progress.items() if k != "history"} | {"history_bytes": 0}
+    state.write_local(progress)
+    return progress
 
 
 @flow(name="rl-train", flow_run_name="{run_id}")
@@ -241,18 +254,14 @@ def _account_outer_time(config: RunConfig, run_id: str, k: int, mlflow_run: str,
     extra = {"time/iteration_total_s": total, "time/overhead_total_s": total - compute - m["time/eval_s"],
              "time/overhead_total_share": (total - compute - m["time/eval_s"]) / max(total - m["time/eval_s"], 1e-9)}
     Tracker(settings(), config).log_metrics(mlflow_run, extra, k)
-    progress = read_progress(run_id) or {}
-    for h in progress.get("history", []):
-        if h["iteration"] == k:
-            h.update(extra)
-    write_progress(run_id, progress)
+    run_history(run_id).extend(k, extra)
 
 
 def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run: str, progress: dict[str, Any],
              services: dict[str, Any], wall_s: float) -> dict[str, Any]:
     from rlpipe.tracking.plots import reward_curve, rm_vs_true_curve
 
-    history = progress.get("history", [])
+    history = run_history(run_id).read()  # the one reader of the whole history: once, at the run's end
     stage_keys = ["generate_s", "verify_s", "update_s", "sync_s", "eval_s", "save_s"]
     breakdown = {k: round(sum(h.get(f"time/{k}", 0.0) for h in history), 3) for k in stage_keys}
     # Totals as the parent flow saw them (the iteration flow run's own start/finish included).

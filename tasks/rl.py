@@ -28,12 +28,13 @@ from rlpipe.rollout.batch import (
     apply_overlong_penalty, apply_verdicts, batch_metrics, filter_groups, generate_table, score_table, select_prompts, table_to_samples,
 )
 from rlpipe.rollout.engines import get_engine
+from rlpipe.history import RunHistory
 from rlpipe.resume import RunState, resume_fingerprint
 from rlpipe.runtime import RunServices, register_services, services
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from rlpipe.storage.store import open_store
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256
 from rlpipe.training.sft import render_prompt
 from tasks._log import run_logger
 
@@ -70,6 +71,11 @@ def write_progress(run_id: str, progress: dict[str, Any]) -> None:
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps(progress, indent=2, sort_keys=True))
     os.replace(tmp, p)
+
+
+def run_history(run_id: str) -> RunHistory:
+    """The run's per-iteration metrics on this machine (``runs/<id>/history.jsonl``, append-only)."""
+    return RunHistory(run_dir(run_id) / "history.jsonl")
 
 
 def state_dir(run_id: str, iteration: int) -> Path:
@@ -114,6 +120,7 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
         train_rows=train, test_rows=test, ground_truth=ground_truths(rows), validation_rows=split_rows(config, rows, "validation"),
     )
     proof = start_probe(svc, config)  # the engine and the trainer hold the same policy, shown on the engine
+    svc.info["policy_iteration"] = _state_iteration(resume_dir)
     svc.pool = verifier_pool(config)
     svc.prompts = {r["id"]: r for r in rows}
     svc.reward_model = reward_model_source(config) if config.reward.type == "model" else None
@@ -278,6 +285,13 @@ def _check_sandbox_floor(config: RunConfig, rows: list[dict[str, Any]]) -> str |
 
 
 # -- the iteration's stages -------------------------------------------------------------------
+def _state_iteration(resume_dir: str | None) -> int:
+    """The last update in a resume state's weights (-1: the run's start policy)."""
+    if not resume_dir:
+        return -1
+    return int(json.loads((Path(resume_dir) / TRAINER_STATE).read_text())["iteration"])
+
+
 def _stage(name: str, draw: int) -> str:
     return name if draw == 0 else f"{name}-draw{draw}"
 
@@ -297,8 +311,11 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> di
     svc = services(run_id)
     if store.stage_done(prefix):
         manifest = store.read_manifest(prefix)
-        if _reusable(config, manifest["meta"], {"policy_version": svc.engine.weights_sha256()}, f"rollout {prefix}"):
+        if _reusable(config, manifest["meta"], _rollout_expect(config, svc, manifest["meta"], iteration), f"rollout {prefix}"):
             return manifest["meta"] | {"prefix": prefix, "reused": True, "written_at": manifest["written_at"]}
+    policy_iteration = svc.info.get("policy_iteration", iteration - 1)
+    staleness = iteration - 1 - policy_iteration
+    check_staleness(config, iteration, staleness, f"rollout {prefix}")
     prompts, cursor = select_prompts(svc.train_rows, prompt_slot(config, iteration, draw), config.rollout.batch_size, config.seed)
     sampling = SamplingConfig(
         n=config.rollout.samples_per_prompt, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
@@ -311,15 +328,44 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> di
                                      _urls(config).env_url)
     else:
         table, stats = generate_table(svc.engine, svc.tokenizer, prompts, sampling, run_id, iteration)
+    table = _with_column(table, "policy_iteration", policy_iteration)
+    table = _with_column(table, "staleness", staleness)
     if hasattr(svc.engine, "rerouted"):  # rollout replicas: how many answer, how many prompts moved off dead ones
         stats |= {"rollout/replicas_live": float(len(svc.engine.live())), "rollout/rerouted_prompts": float(svc.engine.rerouted)}
     meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256(),
-                    "fingerprint": resume_fingerprint(config)}
+                    "policy_iteration": policy_iteration, "staleness": staleness, "fingerprint": resume_fingerprint(config)}
     start = time.perf_counter()
     manifest = store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
     meta["write_s"] = time.perf_counter() - start
     fault_point(iteration, "rollout")
     return meta | {"prefix": prefix, "reused": False, "written_at": manifest["written_at"]}
+
+
+def _with_column(table: pa.Table, name: str, value: int) -> pa.Table:
+    column = pa.array([value] * table.num_rows, pa.int32())
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, column) if i >= 0 else table.append_column(name, column)
+
+
+def _rollout_expect(config: RunConfig, svc: RunServices, meta: dict[str, Any], iteration: int) -> dict[str, Any]:
+    """What a stored batch must match to be reused. An on-policy batch: the policy the engine holds now. A
+    batch generated ahead (rollout.async_steps) by an earlier policy: its staleness within the bound."""
+    staleness = iteration - 1 - meta.get("policy_iteration", iteration - 1)
+    if staleness == 0 or config.rollout.async_steps == 0:
+        return {"policy_version": svc.engine.weights_sha256()}
+    return {"staleness": staleness if staleness <= config.rollout.async_steps else f"at most {config.rollout.async_steps}"}
+
+
+class StaleBatchError(RuntimeError):
+    """A batch sampled by a policy more updates behind the one it would train than rollout.async_steps allows."""
+
+
+def check_staleness(config: RunConfig, iteration: int, staleness: int, what: str) -> None:
+    if not 0 <= staleness <= config.rollout.async_steps:
+        raise StaleBatchError(
+            f"iteration {iteration}: {what} would be sampled by a policy {staleness} update(s) behind the one it "
+            f"trains; rollout.async_steps={config.rollout.async_steps} allows at most {config.rollout.async_steps}. "
+            "Generate it after the weight sync (rollout.async_steps: 0), or raise the bound")
 
 
 def _retry_unless_guard(task: Any, task_run: Any, state: Any) -> bool:
@@ -360,7 +406,8 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
     rows = scored.to_pylist()
     stats |= check_rows_isolation(rows, config.reward.required_sandbox_components())
     stats |= {"verifier/healthy": float(healthy), "verifier/restarts": float(getattr(svc.pool, "restarts", 0))}
-    previous = [h.get("invalid_share", 0.0) for h in (read_progress(run_id) or {}).get("history", []) if h["iteration"] < iteration]
+    recent = run_history(run_id).tail(config.reward.max_invalid_iterations + 1)
+    previous = [h.get("invalid_share", 0.0) for h in recent if h["iteration"] < iteration]
     check_circuit(previous, invalid_share(rows), rows, config.reward.max_invalid_share,
                   config.reward.max_invalid_iterations, iteration)
     if config.reward.overlong_buffer:
@@ -518,6 +565,7 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
             f"{update_ref['weights_sha256'][:12]}"
         )
     proof = prove_sync(svc, f"iteration {iteration}")
+    svc.info["policy_iteration"] = iteration
     fault_point(iteration, "sync")
     return {"sync_s": time.perf_counter() - start, "policy_version": held,
             "readback_tensors": float(getattr(svc.engine, "last_readback", 0))} | proof

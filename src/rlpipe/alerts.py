@@ -108,7 +108,7 @@ def _verifier_errors(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | N
 
 def _throughput_drop(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:
     """A sustained drop: each of the last ``for_iterations`` iterations below ``factor`` × the median of the
-    iterations before them (a one-iteration dip on a busy machine is not one)."""
+    iterations before them in ``hist`` (the run gives its last 200; a one-iteration dip on a busy machine is not one)."""
     rule, worst = cfg.alerts.throughput_drop, None
     for key in ("throughput/generate_tokens_per_s", "throughput/train_tokens_per_s"):
         series = [float(h[key]) for h in hist if h.get(key, 0.0) > 0] + ([float(m[key])] if key in m else [])

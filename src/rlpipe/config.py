@@ -254,6 +254,13 @@ class RolloutConfig(_Strict):
         "until batch_size groups with signal are in hand (or max_extra_draws is spent)."
     )
     max_extra_draws: int = Field(3, ge=0, description="Dynamic sampling: most extra draws of batch_size prompts per iteration.")
+    async_steps: int = Field(
+        0, ge=0, le=1, description="1: one-step off-policy rollout (as verl's and AReaL's): iteration k+1's batch is "
+        "generated while iteration k trains, by the policy before update k. Every row records the update its "
+        "policy came after (policy_iteration) and its staleness; a batch staler than async_steps is refused; the "
+        "PPO ratio is taken against the sampling policy's log-probs (with train.tis_cap: the trainer's, "
+        "importance-weighted against the sampler's). 0: on-policy, generation waits for the sync."
+    )
     sync_tolerance: float | None = Field(
         None, gt=0, description="Weight-sync proof: after each reload the engine's log-probs of a fixed probe batch "
         "must equal the trainer's within this (max |Δ log-prob|); null: 1e-3 for a float32 engine, 0.05 for 16-bit."
@@ -597,7 +604,7 @@ class VerifierErrorRule(_Rule):
 
 class ThroughputDropRule(_Rule):
     factor: float = Field(0.5, gt=0, lt=1, description="Fires when generation or training throughput stays below "
-                          "factor × the run's median before …")
+                          "factor × the median of the (up to 200) iterations before …")
     for_iterations: int = Field(3, ge=1, description="… for this many iterations in a row …")
     min_history: int = Field(3, ge=1, description="… once the run has this many earlier iterations for the median.")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.config import RunConfig, canonical_json
+from rlpipe.history import RunHistory
 
 __all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "resume_fingerprint"]
 
@@ -82,7 +83,12 @@ class RunState:
 
         self.store, self.local_dir, self.run_id = store, Path(local_dir), run_id
         self.progress_key = f"{run_prefix(run_id)}/progress.json"
+        self.history_prefix = f"{run_prefix(run_id)}/history"
         self._checkpoint = lambda k: checkpoint_prefix(run_id, f"iter={k}")
+
+    @property
+    def history(self) -> RunHistory:
+        return RunHistory(self.local_dir / "history.jsonl")
 
     # -- progress -----------------------------------------------------------------------------
     def read_local(self) -> dict[str, Any] | None:
@@ -121,12 +127,27 @@ class RunState:
         """The marker that says the state of ``iteration`` is whole in the store: written after every file."""
         self.store.put_json(f"{self._checkpoint(iteration)}/{STATE_DONE}", {"weights_sha256": weights_sha256, "files": files})
 
-    def save_point(self, progress: dict[str, Any]) -> None:
-        """Record in the store that the run can resume after ``progress['completed_iteration']``."""
+    def save_point(self, progress: dict[str, Any]) -> dict[str, Any]:
+        """Record in the store that the run can resume after ``progress['completed_iteration']``: first the
+        history appended since the last save point (``history/iter=<k>.jsonl``), then the progress. Returns
+        the progress with the history's uploaded length (``history_bytes``)."""
         k = progress["completed_iteration"]
         if not self.state_complete(k, progress["weights_sha256"]):
             raise RuntimeError(f"save point {k} of run {self.run_id}: its state is not complete in the store")
+        since = progress.get("history_bytes", 0)
+        appended = self.history.bytes_from(since)
+        self.store.put_bytes(f"{self.history_prefix}/iter={k:08d}.jsonl", appended)
+        progress = progress | {"history_bytes": since + len(appended)}
         self.store.put_json(self.progress_key, progress | {"resume_state": self._checkpoint(k)})
+        return progress
+
+    def fetch_history(self, progress: dict[str, Any]) -> dict[str, Any]:
+        """This machine's history from the store's segments up to the save point; the progress with its length."""
+        k = progress["completed_iteration"]
+        keys = sorted(key for key in self.store.list(self.history_prefix)
+                      if int(key.rsplit("iter=", 1)[1].split(".")[0]) <= k)
+        self.history.replace(b"".join(self.store.get_bytes(key) for key in keys))
+        return progress | {"history_bytes": self.history.size()}
 
     def fetch_state(self, progress: dict[str, Any], dest: Path) -> Path:
         """Download the save point's state into ``dest`` (replaced) and check its weights."""

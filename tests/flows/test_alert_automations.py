@@ -14,6 +14,7 @@ import pytest
 
 from rlpipe.alerts import RULES
 from rlpipe.config import RunConfig, settings
+from rlpipe.history import read_history
 from tests.flows.test_train_flow import even_task, rl_overrides  # noqa: F401 - fixture re-used
 from tests.helpers.prefect_server import ROOT, prefect_server
 
@@ -130,7 +131,7 @@ def test_a_real_run_is_cancelled_by_the_automation_and_resumes(server, installed
     assert res.returncode == 5, res.stdout[-3000:] + res.stderr[-3000:]
     assert "cancelled after iteration 0" in res.stderr and "Cancelled by Automation" in res.stderr
     progress = json.loads((settings().run_dir("rl-alerted") / "progress.json").read_text())
-    assert progress["completed_iteration"] == 0 and progress["history"][0]["alerts/reward_flat"] == 1.0
+    assert progress["completed_iteration"] == 0 and read_history(settings().run_dir("rl-alerted"))[0]["alerts/reward_flat"] == 1.0
     runs = {r["name"]: r["state"]["type"] for r in server.post("/flow_runs/filter", {})}
     assert runs["rl-alerted"] == "CANCELLED" and runs["rl-alerted-iter-0"] == "COMPLETED" and "rl-alerted-iter-1" not in runs
     from rlpipe.tracking.mlflow_utils import Tracker

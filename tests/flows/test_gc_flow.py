@@ -39,7 +39,9 @@ def test_strict_gc_keeps_what_a_resume_and_the_aliases_need(prefect_harness, tin
     assert res.exit_code == 0, res.output
     left = {k.split("/")[3] for k in store.list("runs/rl-gc/checkpoints")}
     assert left == {"iter=2", "iter=0"} and best_key.endswith("iter=0"), res.output  # newest = resume point = latest, and best
-    assert not [k for k in store.list("runs/rl-gc") if "/iter=" in k and "/checkpoints/" not in k]  # trajectories gone
+    keys = store.list("runs/rl-gc")
+    assert not [k for k in keys if "/iter=" in k and "/checkpoints/" not in k and "/history/" not in k]  # trajectories gone
+    assert len([k for k in keys if "/history/" in k]) == 3  # the metric history a resume fetches is kept
     versions = {str(mv.version) for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'")
                 if mv.tags.get("run_id") == "rl-gc"}
     assert versions == {best.version, tracker.version_by_alias(cfg.registered_model, "latest").version}

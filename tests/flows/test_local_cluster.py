@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlpipe.history import read_history
 from tests.test_stack import cli
 from tests.helpers.prefect_server import ROOT
 from tests.helpers.waiting import wait_healthy
@@ -79,7 +80,7 @@ def test_a_run_on_the_local_cluster_survives_dead_services(tiny_checkpoint, tmp_
         os.killpg(pids["rollout-0"], signal.SIGKILL)
         assert run.wait(600) != 0  # iteration 2's update lost its trainer
         first = json.loads(progress.read_text())
-        assert first["completed_iteration"] == 1 and first["history"][1]["rollout/rerouted_prompts"] > 0
+        assert first["completed_iteration"] == 1 and read_history(progress.parent)[1]["rollout/rerouted_prompts"] > 0
         assert "restart it and resume the run" in log.read_text()
         port = env["RLPIPE_TRAINER_URL"].rsplit(":", 1)[1]
         again_env = {k: v for k, v in run_env.items() if k != "RLPIPE_TRAINER_FAULT"} | {"RLPIPE_HOME": str(tmp_path / "trainer-again")}
@@ -102,13 +103,13 @@ def test_a_run_on_the_local_cluster_survives_dead_services(tiny_checkpoint, tmp_
         start = load_file(Path(tiny_checkpoint) / "model.safetensors")
         assert max(float((ref[k] - start[k]).abs().max()) for k in ref) > 1e-4  # it learned
         assert all(torch.allclose(ours[k], ref[k], atol=1e-5, rtol=1e-4) for k in ref)
-        ref_history = json.loads((ref_home / "runs" / "rl-ref" / "progress.json").read_text())["history"]
-        ours_history = json.loads(progress.read_text())["history"]
+        ref_history = read_history(ref_home / "runs" / "rl-ref")
+        ours_history = read_history(progress.parent)
         assert [h["reward_mean"] for h in ours_history] == pytest.approx([h["reward_mean"] for h in ref_history], abs=1e-6)
         assert max(h["reward_mean"] for h in ref_history) > 0
         summary = json.loads((run_home / "runs" / "rl-cluster" / "summary.json").read_text())
         assert summary["iterations_done"] == 3 and summary["engine"] == "rollout×1"
-        history = json.loads(progress.read_text())["history"]
+        history = read_history(progress.parent)
         assert [h["iteration"] for h in history] == [0, 1, 2]  # nothing lost, nothing done twice
         assert history[0]["rollout/replicas_live"] == 2 and history[-1]["rollout/replicas_live"] == 1
         assert all(h["trainer/world"] == 2 for h in history)  # every update on the 2-rank trainer service

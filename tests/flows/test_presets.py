@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_config, settings
+from rlpipe.history import read_history
 from rlpipe.rollout.batch import group_signal, overlong_penalty
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
@@ -36,7 +37,7 @@ def test_preset_runs_end_to_end(prefect_harness, tiny_checkpoint, even_task, nam
     summary = invoke(["run", *args])
     assert summary["iterations_done"] == 2 and summary["algorithm"] == name
     cfg = load_config(ROOT / "configs" / "presets" / f"{name}.yaml", sets)
-    history = json.loads((settings().run_dir(f"preset-{name}") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir(f"preset-{name}"))
     for h in history:
         assert h["optimizer_steps"] >= 1, h
         for key in ("loss", "pg_loss", "entropy", "grad_norm", "clip_frac"):
@@ -58,7 +59,7 @@ def test_dapo_dynamic_sampling_and_overlong_punishment(prefect_harness, tiny_che
                      + [x for s in sets for x in ("--set", s)])
     cfg = load_config(ROOT / "configs" / "presets" / "dapo.yaml", sets)
     store = open_store()
-    history = json.loads((settings().run_dir("dapo-rules") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("dapo-rules"))
     assert summary["iterations_done"] == 2
     for it, h in enumerate(history):
         draws, with_signal, rows = 0, 0, []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from rlpipe.config import settings
+from rlpipe.history import read_history
 from rlpipe.rollout.hf_engine import HFEngine
 from rlpipe.storage import open_store
 from rlpipe.training.checkpoint import file_weights_sha256
@@ -30,6 +31,6 @@ def test_a_run_on_a_rollout_service_matches_the_in_process_run(prefect_harness, 
     # only the last set is left there.
     uploads = {k.split("/")[3] for k in open_store().list("runs/rl-remote/weights")}
     assert uploads == {remote["final_policy_version"][:16]} and service.stats.weight_loads == 3
-    history = json.loads((settings().run_dir("rl-remote") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("rl-remote"))
     assert all(h["sync/probe_max_abs_diff"] <= 1e-5 for h in history)  # proven on the service's engine
     assert all(h["service/rollout/calls"] >= 1 and h["service/rollout/error_rate"] == 0 for h in history)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from rlpipe.cli import app
 from rlpipe.config import settings
+from rlpipe.history import read_history
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F401 - even_task is a fixture
@@ -40,7 +41,7 @@ def test_circuit_breaker_stops_the_run_and_it_resumes_once_fixed(prefect_harness
     assert "2 iterations in a row" in res.output and "verifier 'test_flaky'" in res.output
     assert "reference store unreachable" in res.output
     progress = json.loads((settings().run_dir("rl-breaker") / "progress.json").read_text())
-    assert progress["completed_iteration"] == 0 and progress["history"][0]["invalid_share"] == 1.0
+    assert progress["completed_iteration"] == 0 and read_history(settings().run_dir("rl-breaker"))[0]["invalid_share"] == 1.0
     store = open_store()
     assert not store.stage_done(stage_prefix("rl-breaker", 1, "verify"))  # the tripping iteration is rescored
 
@@ -75,5 +76,5 @@ def test_sandbox_floor_refuses_a_weaker_sandbox_unless_lowered_and_records_the_l
     ran = [r for r in rows if r["isolation"] is not None]  # an empty expression is judged without running
     assert ran and {r["isolation"] for r in ran} == {"bwrap+seccomp+uid+rlimits"}
     assert all(r["reward_reason"] == "empty expression" for r in rows if r["isolation"] is None)
-    history = json.loads((settings().run_dir("rl-floor-lowered") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("rl-floor-lowered"))
     assert history[0]["sandbox/level/bwrap-seccomp-uid-rlimits"] == len(ran) / len(rows)  # share of all samples

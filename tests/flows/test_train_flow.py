@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from rlpipe.cli import app
 from rlpipe.config import load_config, settings
+from rlpipe.history import read_history
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
@@ -116,7 +117,7 @@ def test_verifier_service_down_skips_samples_and_the_run_goes_on(prefect_harness
     assert "unreachable" in rows[0]["reward_reason"]
     meta = open_store().read_manifest(stage_prefix("rl-verifier-down", 0, "verify"))["meta"]
     assert meta["status_skipped"] == 1.0 and any("unreachable" in a for a in meta["alerts"])
-    history = json.loads((settings().run_dir("rl-verifier-down") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("rl-verifier-down"))
     assert history[0]["samples_excluded"] == 16 and history[0]["optimizer_steps"] == 0
     assert history[0]["service/verifier/error_rate"] == 1.0 and history[0]["service/verifier/calls"] >= 1
     assert summary["final_policy_version"] == file_weights_sha256(tiny_checkpoint)  # nothing was learned from nothing

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlpipe.config import settings
+from rlpipe.history import read_history
 from rlpipe.storage import open_store
 from rlpipe.training.checkpoint import file_weights_sha256
 from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
@@ -101,7 +102,7 @@ def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harn
     monkeypatch.setenv("RLPIPE_TRAINER_TOKEN", TOKEN)
     remote = invoke(["run", "--run-id", "rl-trainer-svc", "--set", f"services.trainer={url}"] + [x for s in sets for x in ("--set", s)])
     assert remote["iterations_done"] == 2
-    history = json.loads((settings().run_dir("rl-trainer-svc") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("rl-trainer-svc"))
     assert all(h["trainer/world"] == 2 and h["service/trainer/error_rate"] == 0 for h in history)
     assert all(h["sync/probe_max_abs_diff"] <= 1e-5 for h in history)  # the engine holds what the ranks trained
     # Two ranks reduce gradients in another order than one: the same weights within float32 rounding.
@@ -153,7 +154,7 @@ def test_a_trainer_killed_mid_update_resumes_from_the_store_with_nothing_lost(pr
     finally:
         stop(again)
     assert resumed["iterations_done"] == 2 and resumed["final_policy_version"] == want
-    history = json.loads((settings().run_dir("rl-trainer-kill") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("rl-trainer-kill"))
     assert [h["iteration"] for h in history] == [0, 1]
 
 
@@ -165,7 +166,7 @@ def test_run_nproc_starts_the_same_two_rank_trainer_for_the_run(prefect_harness,
     want = _two_rank_reference(url, sets)
     got = invoke(["run", "--run-id", "rl-nproc", "--nproc", "2"] + sets)
     assert got["final_policy_version"] == want
-    history = json.loads((settings().run_dir("rl-nproc") / "progress.json").read_text())["history"]
+    history = read_history(settings().run_dir("rl-nproc"))
     assert all(h["trainer/world"] == 2 for h in history)
     assert "RLPIPE_TRAINER_URL" not in os.environ and "RLPIPE_TRAINER_TOKEN" not in os.environ
     log = (settings().home / "trainer-service" / "trainer.log").read_text()

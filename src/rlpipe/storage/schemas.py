@@ -41,6 +41,10 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("prompt_id", pa.string(), nullable=False),
         pa.field("sample_index", pa.int32(), nullable=False),
         pa.field("policy_version", pa.string(), nullable=False),  # sha256 of the weights that sampled
+        # The last update in those weights (-1: the run's start policy), and how many updates the batch's
+        # policy lags the one it trains (0 on-policy; 1 with rollout.async_steps: 1). Null in tables from before.
+        pa.field("policy_iteration", pa.int32()),
+        pa.field("staleness", pa.int32()),
         pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("response_token_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("response_text", pa.string()),
@@ -58,5 +62,5 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("generate_s", pa.float64()),
         pa.field("verify_s", pa.float64()),
     ],
-    metadata={"rlpipe.table": "trajectories", "rlpipe.schema_version": "3"},
+    metadata={"rlpipe.table": "trajectories", "rlpipe.schema_version": "4"},
 )
