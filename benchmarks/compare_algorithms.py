@@ -124,6 +124,7 @@ def main() -> None:
     from flows.sft import sft
     from flows.train import train
     from rlpipe.config import load_config, settings
+    from rlpipe.history import read_history
     from rlpipe.tracking.mlflow_utils import Tracker
 
     sft_cfg = load_config(ROOT / "configs/sft-arithmetic.yaml", ["seed=0"])
@@ -146,7 +147,7 @@ def main() -> None:
             summary = train(config=cfg, run_id=run_id)
             wall = time.perf_counter() - t
             progress = json.loads((settings().run_dir(run_id) / "progress.json").read_text())
-            history = progress["history"]
+            history = read_history(settings().run_dir(run_id))
             results[f"{name}@s{seed}"] = {
                 "parts": cfg.train.resolved(),
                 "seed": seed,

@@ -139,7 +139,9 @@ def rl_run(run_id: str, base: Path, iterations: int, env: dict[str, str], log: P
     if res.returncode != 0:
         raise RuntimeError(f"rlpipe run {run_id} exited with {res.returncode}; see {log}:\n{log.read_text()[-3000:]}")
     summary = json.loads(Path(res.stdout.strip().splitlines()[-1]).read_text())
-    history = json.loads((Path(env["RLPIPE_HOME"]) / "runs" / run_id / "progress.json").read_text())["history"]
+    from rlpipe.history import read_history
+
+    history = read_history(Path(env["RLPIPE_HOME"]) / "runs" / run_id)
     return {"summary": summary, "stages": stage_means(history), "wall_s": round(wall, 1), "history": history,
             "load_average_1min": [load_before, os.getloadavg()[0]]}  # the machine's load before and after (2 cores)
 

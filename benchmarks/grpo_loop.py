@@ -7,7 +7,8 @@ demo's settings), then
   1. generation throughput of the vLLM and the HF engine on that model, same prompts and settings
      (32 prompts × 8 samples, ≤8 new tokens, T=1), 3 timed repeats after one warm-up;
   2. a GRPO run of ``--samples`` completions (256 per iteration) with held-out accuracy before/after,
-     and the per-iteration stage breakdown from the run's progress file.
+     and the per-iteration stage breakdown from the run's history (``--set KEY=VALUE`` changes the
+     run's config, e.g. ``rollout.async_steps=1``; ``--skip-engines`` skips step 1).
 Prints and writes one JSON. Timings are only comparable on an otherwise idle machine.
 """
 
@@ -49,6 +50,9 @@ def main() -> None:
     ap.add_argument("--home", default="/tmp/rlpipe-bench/home")
     ap.add_argument("--out", default="/tmp/rlpipe-bench/rlpipe.json")
     ap.add_argument("--engine", default="vllm")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override of the GRPO run (repeatable), e.g. rollout.async_steps=1")
+    ap.add_argument("--skip-engines", action="store_true", help="skip the engine throughput comparison (step 1)")
     a = ap.parse_args()
     os.environ["RLPIPE_HOME"] = a.home
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -58,7 +62,8 @@ def main() -> None:
 
     from flows.sft import sft
     from flows.train import train
-    from rlpipe.config import RunConfig, settings
+    from rlpipe.config import RunConfig, load_config, settings
+    from rlpipe.history import read_history
     from rlpipe.tracking.mlflow_utils import Tracker
     from rlpipe.training.models import fetch_source
 
@@ -78,7 +83,7 @@ def main() -> None:
     rows = [r for r in build_arithmetic(cfg.data).to_pylist() if r["split"] == "train"][:32]
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
     result: dict = {"base_model": model_dir, "engines": {}}
-    for kind in ("vllm", "hf"):
+    for kind in () if a.skip_engines else ("vllm", "hf"):
         result["engines"][kind] = engine_throughput(kind, model_dir, prompts)
         print(f"[bench] {kind}: {result['engines'][kind]}", flush=True)
     from rlpipe.rollout.engines import close_engines
@@ -86,7 +91,7 @@ def main() -> None:
     close_engines()
 
     iterations = max(1, a.samples // 256)
-    rl = cfg.model_copy(deep=True)
+    rl = load_config(None, a.set) if a.set else cfg.model_copy(deep=True)
     rl.task.policy_model = f"models:/{cfg.registered_model}@base"
     rl.rollout.engine = a.engine
     rl.train.total_iterations = iterations
@@ -96,7 +101,7 @@ def main() -> None:
     t = time.perf_counter()
     summary = json.loads(Path(train(config=rl, run_id=run_id)).read_text())
     wall = time.perf_counter() - t
-    history = json.loads((s.run_dir(run_id) / "progress.json").read_text())["history"]
+    history = read_history(s.run_dir(run_id))
     steady = history[1:] or history  # the first iteration includes one-off warm-ups
 
     def mean(key: str) -> float:
@@ -104,6 +109,7 @@ def main() -> None:
 
     result["rl"] = {
         "engine": a.engine,
+        "overrides": a.set,
         "iterations": iterations,
         "completions": iterations * 256,
         "accuracy_before": summary["heldout_accuracy_base"],
@@ -116,6 +122,7 @@ def main() -> None:
            "flow_run_start_finish_s": round(mean("time/iteration_total_s") - mean("time/iteration_s"), 3)},
         "overhead_share": round(statistics.fmean(h["time/overhead_total_share"] for h in steady), 4),
         "train_tokens_per_s": mean("throughput/train_tokens_per_s"),
+        "generated_ahead_s": mean("rollout/ahead_generate_s"),  # rollout.async_steps: generation beside the update
     }
     print(json.dumps(result, indent=2))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

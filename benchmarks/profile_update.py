@@ -1,0 +1,117 @@
+"""Where the DeepSpeed update's time goes at the demo size (issue 16: "a fast update").
+
+    .venv/bin/python benchmarks/profile_update.py --out /tmp/rlpipe-bench/update-profile.json
+
+One process, the in-process trainer (`PolicyTrainer`, DeepSpeed on gloo) with the demo's training
+settings (`RunConfig().train`: 64 completions per optimizer step, one micro-batch per step, AdamW),
+an untrained tiny model built from the default model config (the time does not depend on the
+weights), and the demo's batch shape: 32 arithmetic prompts × 8 completions of 1–8 tokens. After one
+warm-up update, ``--repeats`` updates under cProfile: seconds per update, the share of each part
+(the log-probs before the first step, forward, backward, optimizer step, the per-token inputs'
+collation) and the share of padded positions the forward passes compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The parts, by the function whose cumulative time they are (file name fragment, function name).
+PARTS = {
+    "precompute (log-probs before the first step)": ("trainer.py", "_precompute"),
+    "prepare (advantages, per-token inputs)": ("trainer.py", "_prepare"),
+    "collate micro-batches": ("trainer.py", "_collate"),
+    "forward + loss": ("trainer.py", "_micro_loss"),
+    "backward": ("engine.py", "backward"),
+    "optimizer step": ("engine.py", "step"),
+    "gradient norm": ("trainer.py", "_grad_norm"),
+}
+
+
+def samples(tokenizer, n_prompts: int, per_prompt: int, max_new: int, seed: int) -> list:
+    from rlpipe.config import RunConfig
+    from rlpipe.data import build_arithmetic
+    from rlpipe.storage.samples import Sample
+    from rlpipe.training.sft import render_prompt
+
+    rng = random.Random(seed)
+    rows = [r for r in build_arithmetic(RunConfig().data).to_pylist() if r["split"] == "train"][:n_prompts]
+    out = []
+    for g, row in enumerate(rows):
+        prompt = tokenizer(render_prompt(tokenizer, row["prompt"], row["chat"]), add_special_tokens=False)["input_ids"]
+        for _ in range(per_prompt):
+            length = rng.randint(1, max_new)
+            out.append(Sample(prompt, [rng.randrange(3, 100) for _ in range(length)],
+                              [-rng.uniform(0.1, 3.0) for _ in range(length)], float(rng.random() < 0.4), g))
+    return out
+
+
+def padding_share(batch: list, micro: int) -> float:
+    """Padded positions / computed positions over the micro-batches of one update (in its order)."""
+    real = padded = 0
+    for start in range(0, len(batch), micro):
+        chunk = batch[start : start + micro]
+        width = max(len(s.prompt_ids) + len(s.response_ids) for s in chunk)
+        real += sum(len(s.prompt_ids) + len(s.response_ids) for s in chunk)
+        padded += width * len(chunk)
+    return 1 - real / padded
+
+
+def part_seconds(stats: pstats.Stats) -> dict[str, float]:
+    out = {}
+    for name, (file, func) in PARTS.items():
+        out[name] = sum(v[3] for (f, _, fn), v in stats.stats.items() if fn == func and f.endswith(file))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/update-profile.json"))
+    ap.add_argument("--top", type=int, default=25, help="print the top functions by own time")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from rlpipe.config import RunConfig
+    from rlpipe.training.checkpoint import save_checkpoint
+    from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
+    from rlpipe.training.trainer import PolicyTrainer
+
+    cfg = RunConfig()
+    folder = Path("/tmp/rlpipe-bench/profile-policy")
+    if not (folder / "config.json").exists():
+        tok = build_char_tokenizer()
+        save_checkpoint(folder, build_tiny_model(cfg.model, tok, seed=0), tok, trainer_state={"kind": "init"})
+    trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg.train, seed=0, max_new_tokens=cfg.rollout.max_new_tokens)
+    batch = samples(trainer.tokenizer, cfg.rollout.batch_size, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens, 0)
+    trainer.update(batch, 0)  # warm-up (allocations, first-call paths)
+    prof, wall = cProfile.Profile(), []
+    for k in range(1, a.repeats + 1):
+        t = time.perf_counter()
+        prof.enable()
+        trainer.update(batch, k)
+        prof.disable()
+        wall.append(time.perf_counter() - t)
+    stats = pstats.Stats(prof)
+    per_update = statistics.fmean(wall)
+    parts = {k: round(v / a.repeats, 4) for k, v in part_seconds(stats).items()}
+    result = {"seconds_per_update": round(per_update, 4), "updates": a.repeats, "optimizer_steps_per_update":
+              len(batch) // cfg.train.batch_size, "samples": len(batch), "parts_s": parts,
+              "padding_share": round(padding_share(batch, cfg.train.micro_batch_size), 3),
+              "torch_threads": __import__("torch").get_num_threads(), "cpus": os.cpu_count()}
+    print(json.dumps(result, indent=2))
+    stats.sort_stats("tottime").print_stats(a.top)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
