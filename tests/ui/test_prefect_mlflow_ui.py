@@ -3,7 +3,8 @@ deployment from the Prefect UI's form with one parameter changed, watch the run 
 flow runs complete, then find the registered version (aliases, lineage tags) and two runs side by side
 in the MLflow UI. Real servers on 127.0.0.1: Prefect, MLflow (sqlite + proxied artifacts), SeaweedFS S3
 (the store: an MLflow server registers checkpoints from s3://, as `rlpipe stack up` sets it up), and a
-process worker (`--run-once`). The screenshots go to docs/images/ for the README."""
+process worker (`--run-once`). Its screenshots go to the test's own folder; with
+RLPIPE_UPDATE_SCREENSHOTS=1 to docs/images/ for the README (so a test run leaves the checkout as it was)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,18 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
-IMAGES = ROOT / "docs" / "images"
+DOCS_IMAGES = ROOT / "docs" / "images"
 TASK = "uidemo"                     # registered model rlpipe-uidemo, MLflow experiment uidemo
 UI_RUN, CLI_RUN = "rl-from-the-ui", "rl-from-the-cli"
 WORKER_TIMEOUT_S = 600
 
 
 _T0 = [time.monotonic()]
+_IMAGES = [DOCS_IMAGES]  # where this run's screenshots go (set by the test)
+
+
+def _shot(page: Any, name: str) -> None:
+    page.screenshot(path=_IMAGES[0] / name)
 
 
 def _step(what: str) -> None:
@@ -49,7 +55,8 @@ def test_start_train_from_the_prefect_ui_and_find_it_in_mlflow(tiny_checkpoint, 
     from playwright.sync_api import sync_playwright
 
     _T0[0] = time.monotonic()
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    _IMAGES[0] = DOCS_IMAGES if os.environ.get("RLPIPE_UPDATE_SCREENSHOTS") == "1" else tmp_path / "images"
+    _IMAGES[0].mkdir(parents=True, exist_ok=True)
     cfg = load_config(None, rl_overrides(tiny_checkpoint, TASK, "hf", even_task, iterations=2))
     recipe = cfg.model_dump(mode="json")
     procs: list[subprocess.Popen] = []
@@ -139,7 +146,7 @@ def _run_from_the_form(page: Any, ui: str, checkpoint: str) -> str:
     run_id.fill(UI_RUN)
     run_id.scroll_into_view_if_needed()
     expect(run_id).to_have_value(UI_RUN)
-    page.screenshot(path=IMAGES / "prefect-ui-train-form.png")
+    _shot(page, "prefect-ui-train-form.png")
     page.get_by_role("button", name="Submit", exact=True).click()
     # The toast "<run> scheduled to start now [View run]". The UI renders it more than once, one copy over
     # the other: the last one in #prefect-design-toast-app takes the click.
@@ -195,7 +202,7 @@ def _watch_the_run(page: Any, server: PrefectServer, flow_run_id: str, worker: s
         card = page.locator(".flow-run-list-item").filter(has=page.get_by_role("link", name=f"{UI_RUN}-iter-{k}", exact=True))
         expect(card).to_contain_text("rl-iteration", timeout=30_000)
         expect(card.locator(".state-badge")).to_have_text("Completed")
-    page.screenshot(path=IMAGES / "prefect-ui-train-run.png")
+    _shot(page, "prefect-ui-train-run.png")
 
     done = server.flow_run(flow_run_id)
     assert done["name"] == UI_RUN and done["state_type"] == "COMPLETED", done
@@ -236,7 +243,7 @@ def _registered_version(page: Any, mlflow_url: str, summary: dict[str, Any], ite
     # The tag table scrolls inside 280 px: show the lineage rows (mlflow_run_id … run_id) in the screenshot.
     page.get_by_role("row").filter(has=page.get_by_role("cell", name="mlflow_run_id", exact=True)).evaluate(
         "row => row.closest('.du-bois-light-table-body').scrollTop = row.offsetTop")
-    page.screenshot(path=IMAGES / "mlflow-model-version.png")
+    _shot(page, "mlflow-model-version.png")
 
 
 def _compare_runs(page: Any, runs: dict[str, str]) -> None:
@@ -262,7 +269,7 @@ def _compare_runs(page: Any, runs: dict[str, str]) -> None:
     expect(iterations.get_by_role("cell")).to_have_count(2)
     columns = dict(zip(names.get_by_role("cell").all_inner_texts(), iterations.get_by_role("cell").all_inner_texts()))
     assert {k.strip(): v.strip() for k, v in columns.items()} == {UI_RUN: "2", CLI_RUN: "1"}, columns
-    page.screenshot(path=IMAGES / "mlflow-compare-runs.png")
+    _shot(page, "mlflow-compare-runs.png")
 
 
 # -- processes ---------------------------------------------------------------------------------------
