@@ -106,6 +106,8 @@ def main() -> None:
     result = {"seconds_per_update": round(per_update, 4), "updates": a.repeats, "optimizer_steps_per_update":
               len(batch) // cfg.train.batch_size, "samples": len(batch), "parts_s": parts,
               "padding_share": round(padding_share(batch, cfg.train.micro_batch_size), 3),
+              "padding_share_length_sorted": round(padding_share(sorted(batch, key=lambda s: len(s.prompt_ids) + len(
+                  s.response_ids)), cfg.train.micro_batch_size), 3),
               "torch_threads": __import__("torch").get_num_threads(), "cpus": os.cpu_count()}
     print(json.dumps(result, indent=2))
     stats.sort_stats("tottime").print_stats(a.top)

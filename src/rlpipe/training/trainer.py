@@ -248,18 +248,23 @@ class PolicyTrainer:
             self.critic.module.eval()
         self.engine.module.eval()
         step = self.cfg.micro_batch_size
-        for start in range(0, len(samples), step):
-            chunk = samples[start : start + step]
+        # Forward passes over length-sorted chunks: each pads to its own longest sequence, not the batch's.
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+        found_at: dict[int, dict[str, list[float]]] = {}
+        for start in range(0, len(order), step):
+            chunk = [samples[i] for i in order[start : start + step]]
             micro = _collate(chunk, {}, self.tokenizer.pad_token_id)
             found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]}
             if self.ref is not None:
                 found["ref_logprobs"] = self._forward(micro, self.ref)[0]
             if self.critic is not None:
                 found["values"] = self._values(micro, self.critic.module)
-            for i, s in enumerate(chunk):
+            for row, (i, s) in enumerate(zip(order[start : start + step], chunk)):
                 p, r = len(s.prompt_ids), len(s.response_ids)
-                for key, t in found.items():
-                    out[key].append(t[i, p - 1 : p - 1 + r].tolist())
+                found_at[i] = {key: t[row, p - 1 : p - 1 + r].tolist() for key, t in found.items()}
+        for i in range(len(samples)):
+            for key, values in found_at[i].items():
+                out[key].append(values)
         return out
 
     @torch.no_grad()
