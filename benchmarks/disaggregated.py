@@ -158,16 +158,17 @@ def stage_means(history: list[dict]) -> dict[str, float]:
     out = {k: mean(lambda h, k=k: h[f"time/{k}"]) for k in STAGES[:5]}
     out["overhead_s"] = mean(lambda h: total(h) - h["time/generate_s"] - h["time/verify_s"] - h["time/update_s"])
     out["total_s"] = mean(total)
+    out["ahead_generate_s"] = mean(lambda h: h.get("rollout/ahead_generate_s", 0.0))  # rollout.async_steps: beside the update
     return out
 
 
-def compare_runs(out: Path, base: Path, iterations: int, stamp: str) -> dict:
+def compare_runs(out: Path, base: Path, iterations: int, stamp: str, extra: tuple[str, ...] = ()) -> dict:
     """The same config, engine in-process, then one vLLM replica behind `rlpipe serve rollout`."""
     from tests.helpers.s3server import free_port
 
     store = str(out / "store")
     home = out / "home-run"
-    runs = {"in_process": rl_run(f"split-local-{stamp}", base, iterations, _env(home, store), out / "run-local.log")}
+    runs = {"in_process": rl_run(f"split-local-{stamp}", base, iterations, _env(home, store), out / "run-local.log", extra)}
     print(f"[bench] in-process run: {runs['in_process']['stages']}", flush=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -177,7 +178,7 @@ def compare_runs(out: Path, base: Path, iterations: int, stamp: str) -> dict:
     start_s = time.perf_counter() - t
     try:
         runs["remote"] = rl_run(f"split-remote-{stamp}", base, iterations, _env(home, store, {"RLPIPE_ROLLOUT_URL": url}),
-                                out / "run-remote.log")
+                                out / "run-remote.log", extra)
     finally:
         _stop(proc)
     runs["remote"]["service_start_s"] = round(start_s, 1)
@@ -379,7 +380,8 @@ def runs_table(runs: dict) -> str:
     a, b = runs["in_process"], runs["remote"]
     names = {"generate_s": "generate", "verify_s": "verify", "update_s": "update (optimizer)",
              "sync_s": "sync (reload + hash + probe; remote: + upload, download, hash check)", "save_s": "save (resumable state)",
-             "overhead_s": "overhead: all but generate/verify/update (includes sync and save)", "total_s": "iteration total"}
+             "overhead_s": "overhead: all but generate/verify/update (includes sync and save)", "total_s": "iteration total",
+             "ahead_generate_s": "generation of the next batch beside the update (rollout.async_steps: 1; not in the total)"}
     lines = ["| seconds per iteration (mean of iterations 2–N, evaluation left out) | in-process vLLM | 1 `serve rollout` replica (vLLM) | remote − in-process |",
              "|---|---:|---:|---:|"]
     for k, name in names.items():
@@ -415,6 +417,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="loads per store and size (the median is reported)")
     ap.add_argument("--skip-runs", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--base", type=Path, help="an SFT base model folder to use instead of training one")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override of the runs of step 1 (repeatable), e.g. rollout.async_steps=1")
     ap.add_argument("--trainer", action="store_true", help="also compare the trainer in-process and as a 1- and 2-rank service")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: the timed service process of the sweep
     ap.add_argument("--stores", help=argparse.SUPPRESS)
@@ -431,7 +436,7 @@ def main() -> None:
                      "load_average_at_start": os.getloadavg(), "args": {k: str(v) for k, v in vars(a).items()}}
     md = []
     if not a.skip_runs:
-        results["runs"] = compare_runs(out, base_model(out, a.sft_steps), a.iterations, stamp)
+        results["runs"] = compare_runs(out, a.base or base_model(out, a.sft_steps), a.iterations, stamp, tuple(a.set))
         md += ["## Stage by stage", "", runs_table(results["runs"]), ""]
         (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     if not a.skip_sweep:
