@@ -7,7 +7,6 @@ finished (manifest written) are reused, half-written ones are redone.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -68,21 +67,10 @@ def _resume_point(config: RunConfig, run_id: str, dataset_version: str, allow_ch
         folder = state.fetch_state(progress, state_dir(run_id, k))
         progress = state.fetch_history(progress) | {"resume_dir": str(folder)}
         state.write_local(progress)
-    progress = _history_out_of_progress(state, progress)
+    progress = state.history_out_of_progress(progress)
     log.info("resuming run %s after iteration %d from %s (%s)", run_id, k, progress["resume_dir"],
              "this machine" if where else state.store.url(progress["resume_state"]))
     return progress, changes
-
-
-def _history_out_of_progress(state: Any, progress: dict[str, Any]) -> dict[str, Any]:
-    """A run started before ``history.jsonl`` kept its history inside ``progress.json``: move it out once."""
-    if "history" not in progress:
-        return progress
-    old = progress["history"]
-    state.history.replace("".join(json.dumps(h, sort_keys=True) + "\n" for h in old).encode())
-    progress = {k: v for k, v in progress.items() if k != "history"} | {"history_bytes": 0}
-    state.write_local(progress)
-    return progress
 
 
 @flow(name="rl-train", flow_run_name="{run_id}")

@@ -34,7 +34,7 @@ from rlpipe.runtime import RunServices, register_services, services
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from rlpipe.storage.store import open_store
-from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256
+from rlpipe.training.checkpoint import file_weights_sha256, read_trainer_state
 from rlpipe.training.sft import render_prompt
 from tasks._log import run_logger
 
@@ -289,7 +289,7 @@ def _state_iteration(resume_dir: str | None) -> int:
     """The last update in a resume state's weights (-1: the run's start policy)."""
     if not resume_dir:
         return -1
-    return int(json.loads((Path(resume_dir) / TRAINER_STATE).read_text())["iteration"])
+    return int(read_trainer_state(resume_dir)["iteration"])
 
 
 def _stage(name: str, draw: int) -> str:

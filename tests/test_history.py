@@ -76,3 +76,16 @@ def test_save_points_carry_the_history_to_another_machine_and_progress_stays_sma
     earlier.fetch_history(saved | {"completed_iteration": 5})
     assert [r["iteration"] for r in earlier.history.read()] == list(range(6))
     json.dumps(back)  # the progress stays JSON
+
+
+def test_a_run_from_before_moves_its_history_out_of_progress_once(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    state = RunState(store, tmp_path / "here", "old")
+    old = [{"iteration": k, "reward_mean": k / 4, "time/iteration_total_s": 1.0} for k in range(4)]
+    progress = state.history_out_of_progress({"completed_iteration": 3, "history": old, "weights_sha256": "ab"})
+    assert "history" not in progress and progress["history_bytes"] == 0  # the next save point uploads it all
+    assert state.history.read() == old
+    assert json.loads((tmp_path / "here" / "progress.json").read_text()) == progress
+    state.history.add(4, {"reward_mean": 1.0})  # the run goes on appending
+    assert [r["iteration"] for r in state.history.read()] == [0, 1, 2, 3, 4]
+    assert state.history_out_of_progress(progress) is progress  # nothing left to move

@@ -141,6 +141,16 @@ class RunState:
         self.store.put_json(self.progress_key, progress | {"resume_state": self._checkpoint(k)})
         return progress
 
+    def history_out_of_progress(self, progress: dict[str, Any]) -> dict[str, Any]:
+        """A run started before ``history.jsonl`` kept its history inside ``progress.json``: move it out once
+        (the next save point uploads all of it as one segment)."""
+        if "history" not in progress:
+            return progress
+        self.history.replace("".join(json.dumps(h, sort_keys=True) + "\n" for h in progress["history"]).encode())
+        progress = {k: v for k, v in progress.items() if k != "history"} | {"history_bytes": 0}
+        self.write_local(progress)
+        return progress
+
     def fetch_history(self, progress: dict[str, Any]) -> dict[str, Any]:
         """This machine's history from the store's segments up to the save point; the progress with its length."""
         k = progress["completed_iteration"]

@@ -96,6 +96,13 @@ def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32) -> t
         raise FileNotFoundError(f"{folder} is not an HF model folder (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    state_file = folder / TRAINER_STATE
-    state = json.loads(state_file.read_text()) if state_file.exists() else {}
-    return model, tokenizer, state
+    return model, tokenizer, read_trainer_state(folder, missing_ok=True)
+
+
+def read_trainer_state(folder: str | Path, missing_ok: bool = False) -> dict[str, Any]:
+    """A checkpoint's trainer state (``trainer_state.json``: iteration, RNG, KL controller, …); ``{}`` for a
+    plain HF folder when ``missing_ok``."""
+    path = Path(folder) / TRAINER_STATE
+    if missing_ok and not path.exists():
+        return {}
+    return json.loads(path.read_text())

@@ -8,7 +8,6 @@ the checkpoint prefix the service wrote them to, marked whole.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +58,9 @@ class RemoteTrainer:
     def _resume(self, resume_dir: str) -> dict[str, str]:
         """The run's checkpoint in the store that ``resume_dir`` is a copy of (uploaded first if it is not there whole)."""
         from rlpipe.resume import RunState
-        from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256
+        from rlpipe.training.checkpoint import file_weights_sha256, read_trainer_state
 
-        state = json.loads((Path(resume_dir) / TRAINER_STATE).read_text())
+        state = read_trainer_state(resume_dir)
         k, sha = int(state["iteration"]), file_weights_sha256(resume_dir)
         run = RunState(self.store, Path(resume_dir), self.run_id)
         if not run.state_complete(k, sha):

@@ -39,7 +39,7 @@ from rlpipe.algorithms.functional import entropy_from_logits, logprob_gap, maske
 from rlpipe.config import TrainConfig
 from rlpipe.net import free_port
 from rlpipe.storage.samples import Sample
-from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256, rng_state, set_rng_state
+from rlpipe.training.checkpoint import TRAINER_STATE, file_weights_sha256, read_trainer_state, rng_state, set_rng_state
 
 __all__ = ["PolicyTrainer", "Sample", "init_distributed"]
 
@@ -589,7 +589,7 @@ class PolicyTrainer:
         return digest
 
     def _load_state(self, folder: Path) -> None:
-        saved = json.loads((folder / TRAINER_STATE).read_text())
+        saved = read_trainer_state(folder)
         if self.cfg.zero_stage > 0 and int(saved.get("world_size", self.world)) != self.world:
             raise ValueError(f"{folder} was saved by {saved['world_size']} rank(s) with ZeRO stage {self.cfg.zero_stage}, "
                              f"which splits the optimizer state by rank; resume it with {saved['world_size']} rank(s)")
