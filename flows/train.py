@@ -16,6 +16,7 @@ from prefect.states import Cancelled, State
 
 from flows.iteration import iteration
 from rlpipe.config import RunConfig, settings
+from rlpipe.progress import Eta
 from rlpipe.runs import new_run_id, write_summary
 from rlpipe.runtime import stop_services
 from rlpipe.resume import resume_fingerprint
@@ -127,12 +128,14 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
                 Tracker(settings(), config).log_table(mlflow_run, [{"iteration": -1} | x for x in base["samples"]], "generations.json")
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
                      val["accuracy"], val["n"])
+        eta = Eta(config.train.total_iterations, done=first)
         for k in range(first, config.train.total_iterations):
             if reason := cancel_requested(flow_run.id):  # the UI, the CLI or an automation, between iterations
                 return _cancelled(config, run_id, mlflow_run, k - 1, reason)
             t0 = time.perf_counter()
             out = _iteration(config, run_id, k, mlflow_run, dataset["version"])
             _account_outer_time(config, run_id, k, mlflow_run, out["metrics"], time.perf_counter() - t0)
+            log.info("run %s: iteration %s", run_id, eta.tick(k + 1))
             if reason := raise_alerts(config, run_id, k, out["alerts"]):
                 return _cancelled(config, run_id, mlflow_run, k, reason)
     except BaseException:

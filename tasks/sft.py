@@ -10,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
+from rlpipe.progress import Eta
 from rlpipe.storage.layout import checkpoint_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import open_store
@@ -48,7 +49,11 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
     max_new = config.rollout.max_new_tokens
     probe = validation[: config.sft.eval_size] if config.sft.eval_size else validation
 
+    eta = Eta(config.sft.steps)  # an upper bound when sft.stop_at_accuracy stops it early
+
     def log(step: int, metrics: dict[str, float]) -> None:
+        if "loss_ema" in metrics:
+            eta.tick(step)
         if tracker:
             tracker.log_metrics(mlflow_run_id, {f"sft/{k}": v for k, v in metrics.items()}, step)
         if "validation_tool_calls_per_episode" in metrics:
@@ -57,7 +62,7 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
         elif "validation_accuracy" in metrics:
             logger.info("sft step %d/%d: validation accuracy %.3f", step, config.sft.steps, metrics["validation_accuracy"])
         elif step % 50 == 0:
-            logger.info("sft step %d/%d: loss %.3f", step, config.sft.steps, metrics["loss_ema"])
+            logger.info("sft step %s: loss %.3f", eta.line(), metrics["loss_ema"])
 
     if config.agent is not None:
         result, before, after, val_after = _agent_sft(config, model, tok, train, test, validation, probe, log)
