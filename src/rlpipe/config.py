@@ -331,6 +331,12 @@ class TrainConfig(_Strict):
         "old log-probs and weights each token's loss by min(π_trainer/π_sampler, tis_cap), correcting the "
         "train/inference mismatch; null: off (the sampler's log-probs are the old policy)."
     )
+    mismatch_full_pass: bool = Field(
+        False, description="Measure the train/inference mismatch on every sampled token with a forward pass before "
+        "the first optimizer step (one more forward per update). false: measure it in the first optimizer step's "
+        "forward, where the policy has not moved yet: the tokens of one mini-batch (1/steps of the batch), no extra "
+        "pass. The optimization is the same either way; train.tis_cap always makes the pass (it needs every token)."
+    )
     mismatch_threshold: float = Field(
         0.1, gt=0, description="Train/inference mismatch: the share of sampled tokens whose |log π_trainer − "
         "log π_sampler| exceeds this is logged each iteration (mismatch/share_above)."

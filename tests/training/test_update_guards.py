@@ -28,8 +28,10 @@ def _samples(trainer: PolicyTrainer, shift=lambda i, t: 0.0) -> list[Sample]:
             for i, (p, r) in enumerate(zip(prompts, responses))]
 
 
-def test_mismatch_is_measured_on_the_sampled_tokens_before_any_step(tiny_checkpoint):
-    trainer = _trainer(tiny_checkpoint)
+@pytest.mark.parametrize("full_pass", [True, False])
+def test_mismatch_is_measured_on_the_sampled_tokens_before_any_step(tiny_checkpoint, full_pass):
+    # One optimizer step: its forward sees every token, so both ways measure all 15.
+    trainer = _trainer(tiny_checkpoint, mismatch_full_pass=full_pass)
     # Sample 0's first token differs by 0.5, sample 3's by 0.05; 15 response tokens in all (1,2,3,1,2,3,1,2).
     shift = {(0, 0): 0.5, (3, 0): -0.05}
     m = trainer.update(_samples(trainer, lambda i, t: shift.get((i, t), 0.0)), 0)
@@ -40,6 +42,39 @@ def test_mismatch_is_measured_on_the_sampled_tokens_before_any_step(tiny_checkpo
     assert m["mismatch/kl"] == pytest.approx((0.5 - 0.05) / 15, abs=1e-5)
     # The old log-probs are the sampler's: the ratio of sample 0's first token starts at e^-0.5.
     assert m["ratio/min"] <= math.exp(-0.5) + 1e-3 and m["optimizer_steps"] == 1
+    assert ("mismatch/tokens" in m) == (not full_pass)
+
+
+def test_without_the_full_pass_the_first_step_measures_its_own_tokens(tiny_checkpoint):
+    """Two optimizer steps of 4: the mismatch covers the first step's samples (the seeded shuffle's first 4),
+    measured before any weight moved; the second step's shifted token is not seen."""
+    import random
+
+    order = list(range(8))
+    random.Random(0 * 1_000_003 + 0).shuffle(order)  # PolicyTrainer._optimize's order: seed 0, iteration 0, epoch 0
+    first, second = order[:4], order[4:]
+    shift = {(first[0], 0): 0.5, (second[0], 0): 2.0}
+    trainer = _trainer(tiny_checkpoint, batch_size=4, micro_batch_size=2)
+    m = trainer.update(_samples(trainer, lambda i, t: shift.get((i, t), 0.0)), 0)
+    tokens = sum(1 + i % 3 for i in first)
+    assert m["optimizer_steps"] == 2 and m["mismatch/tokens"] == tokens
+    assert m["mismatch/abs_max"] == pytest.approx(0.5, abs=1e-5)  # not 2.0: that token is in the second step
+    assert m["mismatch/abs_mean"] == pytest.approx(0.5 / tokens, abs=1e-5)
+    assert m["mismatch/share_above"] == pytest.approx(1 / tokens)
+    assert m["mismatch/kl"] == pytest.approx(0.5 / tokens, abs=1e-5)
+
+
+def test_the_full_pass_changes_no_weight(tiny_checkpoint):
+    """The pass before the first step only measures: with or without it, the same samples give the same weights."""
+    after = []
+    for full_pass in (True, False):
+        trainer = _trainer(tiny_checkpoint, batch_size=4, mismatch_full_pass=full_pass)
+        samples = _samples(trainer, lambda i, t: 0.1 * ((i + t) % 3))
+        trainer.update(samples, 0)
+        trainer.update(samples, 1)
+        after.append({k: v.clone() for k, v in trainer.module.state_dict().items()})
+    for k, v in after[0].items():
+        assert torch.equal(v, after[1][k]), k
 
 
 def test_truncated_importance_sampling_weights_each_token(tiny_checkpoint):

@@ -123,6 +123,7 @@ class _Prepared:
     returns: torch.Tensor | None
     action: torch.Tensor
     metrics: dict[str, float]
+    measure_mismatch: bool = False  # no full pass before the first step: the first step's forward measures it
 
 
 def _merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
@@ -133,6 +134,16 @@ def _merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
             into[key] = min(into.get(key, math.inf), v)
         else:
             into[key] = into.get(key, 0.0) + v
+
+
+def _mismatch_sums(trainer: torch.Tensor, sampler: torch.Tensor, action: torch.Tensor, threshold: float) -> dict[str, float]:
+    """The sums behind ``logprob_gap`` over one micro-batch's sampled tokens, to be added over micro-batches and
+    ranks: token count, Σ|Δ|, count of |Δ| > threshold, Σ(sampler − trainer), and max |Δ|."""
+    d = (trainer - sampler).double()[action > 0]
+    if d.numel() == 0:
+        return {}
+    return {"mm_tokens": float(d.numel()), "mm_abs_tok": float(d.abs().sum()), "mm_above_tok": float((d.abs() > threshold).sum()),
+            "mm_kl_tok": float((-d).sum()), "mm_abs_max": float(d.abs().max())}
 
 
 def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -147,9 +158,10 @@ def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
 # Summed over micro-batches and ranks: *_sum are per-mini-batch loss values (divided by the step
 # count), *_tok are token-weighted (divided by the token count).
 _STAT_KEYS = ("pg_loss_sum", "kl_loss_sum", "entropy_loss_sum", "vf_loss_sum", "tokens", "critic_tokens",
-              "clip_frac_tok", "approx_kl_old_tok", "entropy_tok", "vf_clip_frac_tok", "value_mse_tok", "ratio_tok")
+              "clip_frac_tok", "approx_kl_old_tok", "entropy_tok", "vf_clip_frac_tok", "value_mse_tok", "ratio_tok",
+              "mm_tokens", "mm_abs_tok", "mm_above_tok", "mm_kl_tok")
 # Reduced with max / min over micro-batches and ranks instead of summed.
-_MAX_KEYS = ("ratio_max",)
+_MAX_KEYS = ("ratio_max", "mm_abs_max")
 _MIN_KEYS = ("ratio_min",)
 
 
@@ -238,15 +250,20 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _precompute(self, samples: Sequence[Sample]) -> dict[str, list[list[float]]]:
-        """Before any optimizer step: the trainer's own log-probs of the sampled tokens (the
-        train/inference mismatch, TIS), the reference log-probs and the critic's values, response-aligned."""
-        out: dict[str, list[list[float]]] = {"policy_logprobs": []}
+        """Before any optimizer step, what is needed of: the trainer's own log-probs of the sampled tokens
+        (TIS; the mismatch with train.mismatch_full_pass), the reference log-probs and the critic's values,
+        response-aligned."""
+        out: dict[str, list[list[float]]] = {}
+        if self.cfg.mismatch_full_pass or self.cfg.tis_cap is not None:
+            out["policy_logprobs"] = []
+            self.engine.module.eval()
         if self.ref is not None:
             out["ref_logprobs"] = []
         if self.critic is not None:
             out["values"] = []
             self.critic.module.eval()
-        self.engine.module.eval()
+        if not out:  # nothing needs a pass before the first step (GRPO without KL, TIS or full mismatch pass)
+            return out
         step = self.cfg.micro_batch_size
         # Forward passes over length-sorted chunks: each pads to its own longest sequence, not the batch's.
         order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
@@ -254,7 +271,7 @@ class PolicyTrainer:
         for start in range(0, len(order), step):
             chunk = [samples[i] for i in order[start : start + step]]
             micro = _collate(chunk, {}, self.tokenizer.pad_token_id)
-            found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]}
+            found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]} if "policy_logprobs" in out else {}
             if self.ref is not None:
                 found["ref_logprobs"] = self._forward(micro, self.ref)[0]
             if self.critic is not None:
@@ -280,7 +297,9 @@ class PolicyTrainer:
         self.engine.module.train(was_training)
         return [lp[i, len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.response_ids)].tolist() for i, s in enumerate(samples)]
 
-    def _micro_loss(self, micro: _Micro, agg: LossAgg, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: _Micro, agg: LossAgg, beta: float, measure: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss (scaled for DeepSpeed) and its statistics; ``measure``: also the train/inference
+        mismatch of its tokens (only while the weights are still the sampling policy's)."""
         logprobs, logits = self._forward(micro, self.engine)
         scale = self.gas * self.world  # undo DeepSpeed's mean over accumulation steps and ranks
         pg, pm = policy_loss(
@@ -293,6 +312,8 @@ class PolicyTrainer:
                  "clip_frac_tok": float(pm["clip_frac"]) * tokens, "approx_kl_old_tok": float(pm["approx_kl_old"]) * tokens,
                  "ratio_tok": float(pm["ratio_mean"]) * tokens, "ratio_max": float(pm["ratio_max"]),
                  "ratio_min": float(pm["ratio_min"])}
+        if measure:
+            stats |= _mismatch_sums(logprobs.detach(), micro.tok["old_logprobs"], micro.action, self.cfg.mismatch_threshold)
         if self.cfg.entropy_coef > 0:
             ent = entropy_from_logits(logits, self.temperature)
             ent_term = aggregate(ent, micro.mask, agg)
@@ -347,8 +368,10 @@ class PolicyTrainer:
         width = max(1, max(len(s.response_ids) for s in valid))
         action = _aligned([s.action_mask for s in valid], width)
         old_lp = _aligned([s.old_logprobs for s in valid], width)
-        trainer_lp = _aligned(pre["policy_logprobs"], width)
-        metrics = {f"mismatch/{k}": v for k, v in logprob_gap(trainer_lp, old_lp, action, self.cfg.mismatch_threshold).items()}
+        metrics: dict[str, float] = {}
+        if "policy_logprobs" in pre:
+            trainer_lp = _aligned(pre["policy_logprobs"], width)
+            metrics = {f"mismatch/{k}": v for k, v in logprob_gap(trainer_lp, old_lp, action, self.cfg.mismatch_threshold).items()}
         beta = self.kl_ctl.value
         rollout_kl, penalty = None, None
         if "ref_logprobs" in pre:
@@ -391,7 +414,7 @@ class PolicyTrainer:
             per_token["old_values"] = pre["values"]
             per_token["returns"] = rows(adv_out.returns)
         return _Prepared(per_token, [self._train_mask(s) for s in valid], beta, rollout_kl, values,
-                         adv_out.returns, action, metrics)
+                         adv_out.returns, action, metrics, measure_mismatch="policy_logprobs" not in pre)
 
     def _optimize(self, valid: Sequence[Sample], prep: "_Prepared", iteration: int) -> tuple[dict[str, float], dict[str, list[float]], int, int]:
         sums: dict[str, float] = {}
@@ -405,13 +428,15 @@ class PolicyTrainer:
             order = list(range(len(valid)))
             random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch).shuffle(order)
             for start in range(0, len(order), self.cfg.batch_size):
-                ok = self._minibatch(valid, prep, order[start : start + self.cfg.batch_size], sums, norms)
+                first = epoch == 0 and start == 0  # the policy has not moved yet: it is the sampling policy
+                ok = self._minibatch(valid, prep, order[start : start + self.cfg.batch_size], sums, norms,
+                                     measure=first and prep.measure_mismatch)
                 steps += 1
                 skipped += 0 if ok else 1
         return sums, norms, steps, skipped
 
     def _minibatch(self, valid: Sequence[Sample], prep: "_Prepared", idx: list[int], sums: dict[str, float],
-                   norms: dict[str, list[float]]) -> bool:
+                   norms: dict[str, list[float]], measure: bool = False) -> bool:
         """One optimizer step over ``idx`` (GAS micro-batches × ranks); False when it was skipped."""
         self._warm_up(self.engine, self.cfg.lr)
         if self.critic is not None:
@@ -432,7 +457,7 @@ class PolicyTrainer:
             if slot:
                 micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in prep.per_token.items()},
                                  self.tokenizer.pad_token_id, [masks[i] for i in slot])
-                loss, stats = self._micro_loss(micro, agg, prep.beta)
+                loss, stats = self._micro_loss(micro, agg, prep.beta, measure)
             else:  # an empty slot still takes part in the collective step
                 loss, stats = sum(p.sum() for p in self.engine.module.parameters()) * 0.0, {}
             finite["policy"] &= bool(torch.isfinite(loss.detach()))
@@ -499,6 +524,10 @@ class PolicyTrainer:
         out: dict[str, float] = {"optimizer_steps": done, "nonfinite_steps": skipped, "kl_coef": prep.beta,
                                  "lr": float(self.engine.optimizer.param_groups[0]["lr"]),
                                  "tokens": sums.get("tokens", 0.0)}
+        if n := sums.get("mm_tokens", 0.0):  # measured in the first optimizer step (see _micro_loss)
+            out |= {"mismatch/abs_mean": sums["mm_abs_tok"] / n, "mismatch/abs_max": sums.get("mm_abs_max", 0.0),
+                    "mismatch/share_above": sums["mm_above_tok"] / n, "mismatch/kl": sums["mm_kl_tok"] / n,
+                    "mismatch/tokens": n}
         if done == 0:
             return out
         tokens = max(sums.get("tokens", 0.0), 1.0)
