@@ -335,7 +335,8 @@ class TrainConfig(_Strict):
         False, description="Measure the train/inference mismatch on every sampled token with a forward pass before "
         "the first optimizer step (one more forward per update). false: measure it in the first optimizer step's "
         "forward, where the policy has not moved yet: the tokens of one mini-batch (1/steps of the batch), no extra "
-        "pass. The optimization is the same either way; train.tis_cap always makes the pass (it needs every token)."
+        "pass. The optimization is the same either way; train.tis_cap always makes the pass (it needs every token). "
+        "The first step's forward runs in training mode: for a model with dropout, set this true."
     )
     mismatch_threshold: float = Field(
         0.1, gt=0, description="Train/inference mismatch: the share of sampled tokens whose |log π_trainer − "

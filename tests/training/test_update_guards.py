@@ -104,6 +104,7 @@ def test_a_non_finite_step_is_skipped_and_leaves_no_trace(tiny_checkpoint, zero)
     nan = [Sample(s.prompt_ids, s.response_ids, [float("nan")] * len(s.response_ids), s.reward, s.group) for s in good]
     m = a.update(nan, 0)
     assert m["nonfinite_steps"] == 2 and m["optimizer_steps"] == 0 and "loss" not in m
+    assert math.isnan(m["mismatch/abs_max"])  # the skipped first step's mismatch is kept: it says why
     for k, v in a.module.state_dict().items():
         assert torch.equal(v, before[k]), k  # weights untouched
     if zero > 0:

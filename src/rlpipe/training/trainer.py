@@ -128,10 +128,10 @@ class _Prepared:
 
 def _merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
     for key, v in stats.items():
-        if key in _MAX_KEYS:
-            into[key] = max(into.get(key, -math.inf), v)
+        if key in _MAX_KEYS:  # NaN stays NaN (max(-inf, nan) would drop it)
+            into[key] = v if math.isnan(v) else max(into.get(key, -math.inf), v)
         elif key in _MIN_KEYS:
-            into[key] = min(into.get(key, math.inf), v)
+            into[key] = v if math.isnan(v) else min(into.get(key, math.inf), v)
         else:
             into[key] = into.get(key, 0.0) + v
 
@@ -474,8 +474,9 @@ class PolicyTrainer:
                 finite["critic"] = self._step(self.critic, boundary, finite["critic"], norms["critic"])
             _merge_stats(collected, stats)
         ok = finite["policy"] and finite["critic"]
-        if ok:  # a skipped step's statistics are not averaged into the iteration's
-            _merge_stats(sums, collected)
+        if not ok:  # a skipped step's statistics are not averaged into the iteration's, but its mismatch is what
+            collected = {k: v for k, v in collected.items() if k.startswith("mm_")}  # tells why it was skipped
+        _merge_stats(sums, collected)
         return ok
 
     def _warm_up(self, engine: Any, base_lr: float) -> None:
