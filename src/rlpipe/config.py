@@ -338,6 +338,14 @@ class TrainConfig(_Strict):
         "pass. The optimization is the same either way; train.tis_cap always makes the pass (it needs every token). "
         "The first step's forward runs in training mode: for a model with dropout, set this true."
     )
+    pack_sequences: bool = Field(
+        True, description="The policy's and the reference's forward passes run on the micro-batch's sequences laid "
+        "end to end in rows (position ids restart at each sequence; no compute on padding) instead of one padded "
+        "row per sequence, wherever that computes at least 10% fewer positions (sequences of unequal length). The "
+        "losses are the padded ones up to float rounding; the trainer checks at start that "
+        "the model keeps packed sequences apart (transformers' packed position ids) and refuses it otherwise. "
+        "false: pad every sequence to the micro-batch's longest."
+    )
     mismatch_threshold: float = Field(
         0.1, gt=0, description="Train/inference mismatch: the share of sampled tokens whose |log π_trainer − "
         "log π_sampler| exceeds this is logged each iteration (mismatch/share_above)."

@@ -63,6 +63,17 @@ def init_distributed() -> tuple[int, int]:
 
 
 @dataclass
+class _Packing:
+    """The micro-batch's sequences laid end to end in rows (position ids restart at each sequence, so the
+    model attends within a sequence only): the forward computes no padding but the rows' short tails."""
+
+    input_ids: torch.Tensor  # (R, C)
+    position_ids: torch.Tensor  # (R, C)
+    src: torch.Tensor  # flat indices in (R, C-1) of every position that predicts a token of its own sequence
+    dst: torch.Tensor  # the same positions' flat indices in the padded (b, L-1) layout
+
+
+@dataclass
 class _Micro:
     input_ids: torch.Tensor  # (b, L)
     attention_mask: torch.Tensor  # (b, L)
@@ -70,11 +81,73 @@ class _Micro:
     mask: torch.Tensor  # (b, L-1) 1 where the target is a trained response token
     action: torch.Tensor  # (b, L-1) 1 on the policy's response tokens (the critic's mask)
     tok: dict[str, torch.Tensor]  # (b, L-1) per-token inputs: old_logprobs, advantages, ref_logprobs, …
+    packed: _Packing | None = None  # train.pack_sequences, where it saves: the layout the policy's forward runs in
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-position (R, C-1) tensor of the packed forward in the padded (b, L-1) layout (0 elsewhere);
+        gradients flow through."""
+        if self.packed is None:
+            return x
+        flat = torch.zeros(self.targets.numel(), dtype=x.dtype, device=x.device)
+        return flat.index_put((self.packed.dst,), x.reshape(-1)[self.packed.src]).view(self.targets.shape)
+
+
+def _pack(seqs: Sequence[Sequence[int]], width: int, pad_id: int) -> _Packing:
+    """ceil(tokens / max(longest, PACK_ROW)) rows, each sequence (longest first) into the least-filled row;
+    the rows are as wide as the fullest, a row's tail is padding with its own positions (a separate
+    'sequence' no real token attends to)."""
+    lengths = [len(s) for s in seqs]
+    n_rows = -(-sum(lengths) // max(max(lengths), PACK_ROW))
+    rows: list[list[int]] = [[] for _ in range(n_rows)]
+    load = [0] * n_rows
+    for i in sorted(range(len(seqs)), key=lambda i: -lengths[i]):
+        j = min(range(n_rows), key=load.__getitem__)
+        rows[j].append(i)
+        load[j] += lengths[i]
+    c = max(load)
+    ids = torch.full((len(rows), c), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), c), dtype=torch.long)
+    src: list[int] = []
+    dst: list[int] = []
+    for j, members in enumerate(rows):
+        o = 0
+        for i in members:
+            n = lengths[i]
+            ids[j, o : o + n] = torch.tensor(seqs[i])
+            pos[j, o : o + n] = torch.arange(n)
+            src.extend(range(j * (c - 1) + o, j * (c - 1) + o + n - 1))
+            dst.extend(range(i * (width - 1), i * (width - 1) + n - 1))
+            o += n
+        pos[j, o:] = torch.arange(c - o)
+    return _Packing(ids, pos, torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long))
+
+
+@torch.no_grad()
+def check_packing(model: Any, where: str) -> float:
+    """Proof that this model's forward honours packed position ids: two sequences' log-probs packed in one
+    row equal their log-probs padded, else a clear error (rather than a loss across sequence boundaries)."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    seqs = [[(3 + 5 * k) % vocab for k in range(6)], [(4 + 7 * k) % vocab for k in range(4)]]
+    samples = [Sample(q[:2], q[2:], [0.0] * (len(q) - 2), 0.0, i) for i, q in enumerate(seqs)]
+    was_training = model.training
+    model.eval()
+    padded, packed = _collate(samples, {}, 0), _collate(samples, {}, 0, pack=True)
+    plain = token_logprobs(model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits[:, :-1], padded.targets)
+    p = packed.packed
+    rows = token_logprobs(model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1],
+                          p.input_ids[:, 1:])
+    model.train(was_training)
+    gap = float(((packed.unpack(rows) - plain) * padded.attention_mask[:, 1:]).abs().max())
+    if not gap <= 1e-4:
+        raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (log-probs packed vs "
+                         f"padded differ by {gap:.3g}); set train.pack_sequences: false")
+    return gap
 
 
 def _collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[float]]], pad_id: int,
-             train_masks: Sequence[Sequence[float]] | None = None) -> _Micro:
-    """Pad prompt+response sequences; place response-aligned values at the positions that predict them."""
+             train_masks: Sequence[Sequence[float]] | None = None, pack: bool = False) -> _Micro:
+    """Pad prompt+response sequences; place response-aligned values at the positions that predict them;
+    ``pack``: also the packed layout of the same sequences, where it saves PACK_MIN_SAVING of the positions."""
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     b = len(samples)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
@@ -94,7 +167,10 @@ def _collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[f
         mask[i, p - 1 : p - 1 + r] = torch.tensor(train_masks[i] if train_masks is not None else s.action_mask, dtype=torch.float32)
         for k, rows in per_token.items():
             tok[k][i, p - 1 : p - 1 + r] = torch.as_tensor(rows[i], dtype=torch.float32)
-    return _Micro(ids, att, ids[:, 1:], mask, action, tok)
+    packed = _pack([s.prompt_ids + s.response_ids for s in samples], width, pad_id) if pack else None
+    if packed is not None and packed.input_ids.numel() > (1.0 - PACK_MIN_SAVING) * ids.numel():
+        packed = None  # little padding to save: rows of sequences would only add attention work
+    return _Micro(ids, att, ids[:, 1:], mask, action, tok, packed)
 
 
 def _skipped_step(engine: Any) -> None:
@@ -155,6 +231,12 @@ def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     return out
 
 
+# A packed row holds at least this many tokens: rows of sequences, not one short sequence per row (the
+# attention's per-row cost dominates at a few tokens per sequence; measured in benchmarks/README.md).
+PACK_ROW = 64
+# Packing is used where it computes at least this share fewer positions than padding.
+PACK_MIN_SAVING = 0.1
+
 # Summed over micro-batches and ranks: *_sum are per-mini-batch loss values (divided by the step
 # count), *_tok are token-weighted (divided by the token count).
 _STAT_KEYS = ("pg_loss_sum", "kl_loss_sum", "entropy_loss_sum", "vf_loss_sum", "tokens", "critic_tokens",
@@ -198,11 +280,15 @@ class PolicyTrainer:
         src = self.resume_dir or self.model_dir
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(src)
+        if self.cfg.pack_sequences:
+            check_packing(model, src)
         self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)
         self.ref = None
         if self.cfg.uses_reference:
             self.ref = AutoModelForCausalLM.from_pretrained(self.ref_model_dir or self.model_dir, dtype=torch.float32)
             self.ref.eval().requires_grad_(False)
+            if self.cfg.pack_sequences:
+                check_packing(self.ref, self.ref_model_dir or self.model_dir)
         self.critic = None
         if self.parts["advantage"] in NEEDS_CRITIC:
             self.critic = self._engine(self._build_critic(), self.cfg.critic.lr, self.cfg.critic.grad_clip)
@@ -241,8 +327,14 @@ class PolicyTrainer:
 
     # -- the update -------------------------------------------------------------------------
     def _forward(self, micro: _Micro, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
-        return token_logprobs(logits, micro.targets, self.temperature), logits
+        """Log-probs of the targets in the padded layout, and the logits in the layout the forward ran in
+        (``micro.unpack`` maps what is computed from them)."""
+        if micro.packed is None:
+            logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+            return token_logprobs(logits, micro.targets, self.temperature), logits
+        p = micro.packed
+        logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
+        return micro.unpack(token_logprobs(logits, p.input_ids[:, 1:], self.temperature)), logits
 
     def _values(self, micro: _Micro, model: Any) -> torch.Tensor:
         """V(s_t) at each position that predicts a token: (b, L-1)."""
@@ -270,7 +362,7 @@ class PolicyTrainer:
         found_at: dict[int, dict[str, list[float]]] = {}
         for start in range(0, len(order), step):
             chunk = [samples[i] for i in order[start : start + step]]
-            micro = _collate(chunk, {}, self.tokenizer.pad_token_id)
+            micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences)
             found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]} if "policy_logprobs" in out else {}
             if self.ref is not None:
                 found["ref_logprobs"] = self._forward(micro, self.ref)[0]
@@ -315,13 +407,13 @@ class PolicyTrainer:
         if measure:
             stats |= _mismatch_sums(logprobs.detach(), micro.tok["old_logprobs"], micro.action, self.cfg.mismatch_threshold)
         if self.cfg.entropy_coef > 0:
-            ent = entropy_from_logits(logits, self.temperature)
+            ent = micro.unpack(entropy_from_logits(logits, self.temperature))
             ent_term = aggregate(ent, micro.mask, agg)
             loss = loss - self.cfg.entropy_coef * ent_term
             stats["entropy_loss_sum"] = float(ent_term.detach())
         else:
             with torch.no_grad():
-                ent = entropy_from_logits(logits, self.temperature)
+                ent = micro.unpack(entropy_from_logits(logits, self.temperature))
         stats["entropy_tok"] = float((ent.detach() * micro.mask).sum())
         if self.ref is not None and self.cfg.kl_in == "loss":
             kl = kl_penalty(logprobs, micro.tok["ref_logprobs"], self.cfg.kl_estimator)
@@ -456,7 +548,7 @@ class PolicyTrainer:
             micro = None
             if slot:
                 micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in prep.per_token.items()},
-                                 self.tokenizer.pad_token_id, [masks[i] for i in slot])
+                                 self.tokenizer.pad_token_id, [masks[i] for i in slot], self.cfg.pack_sequences)
                 loss, stats = self._micro_loss(micro, agg, prep.beta, measure)
             else:  # an empty slot still takes part in the collective step
                 loss, stats = sum(p.sum() for p in self.engine.module.parameters()) * 0.0, {}
