@@ -339,7 +339,7 @@ class TrainConfig(_Strict):
         "The first step's forward runs in training mode: for a model with dropout, set this true."
     )
     pack_sequences: bool = Field(
-        True, description="The policy's and the reference's forward passes run on the micro-batch's sequences laid "
+        True, description="The policy's, the reference's and the critic's forward passes run on the micro-batch's sequences laid "
         "end to end in rows (position ids restart at each sequence; no compute on padding) instead of one padded "
         "row per sequence, wherever that computes at least 10% fewer positions (sequences of unequal length). The "
         "losses are the padded ones up to float rounding; the trainer checks at start that "

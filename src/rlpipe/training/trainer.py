@@ -81,7 +81,7 @@ class _Micro:
     mask: torch.Tensor  # (b, L-1) 1 where the target is a trained response token
     action: torch.Tensor  # (b, L-1) 1 on the policy's response tokens (the critic's mask)
     tok: dict[str, torch.Tensor]  # (b, L-1) per-token inputs: old_logprobs, advantages, ref_logprobs, …
-    packed: _Packing | None = None  # train.pack_sequences, where it saves: the layout the policy's forward runs in
+    packed: _Packing | None = None  # train.pack_sequences, where it saves: the layout the forward passes run in
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """A per-position (R, C-1) tensor of the packed forward in the padded (b, L-1) layout (0 elsewhere);
@@ -124,22 +124,24 @@ def _pack(seqs: Sequence[Sequence[int]], width: int, pad_id: int) -> _Packing:
 
 @torch.no_grad()
 def check_packing(model: Any, where: str) -> float:
-    """Proof that this model's forward honours packed position ids: two sequences' log-probs packed in one
-    row equal their log-probs padded, else a clear error (rather than a loss across sequence boundaries)."""
+    """Proof that this model's forward honours packed position ids: its outputs (logits, or a critic's values)
+    for two sequences packed in one row equal their outputs padded, else a clear error (rather than a loss
+    that crosses sequence boundaries)."""
     vocab = int(model.get_input_embeddings().num_embeddings)
     seqs = [[(3 + 5 * k) % vocab for k in range(6)], [(4 + 7 * k) % vocab for k in range(4)]]
     samples = [Sample(q[:2], q[2:], [0.0] * (len(q) - 2), 0.0, i) for i, q in enumerate(seqs)]
     was_training = model.training
     model.eval()
     padded, packed = _collate(samples, {}, 0), _collate(samples, {}, 0, pack=True)
-    plain = token_logprobs(model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits[:, :-1], padded.targets)
+    plain = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits[:, :-1]
     p = packed.packed
-    rows = token_logprobs(model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1],
-                          p.input_ids[:, 1:])
+    rows = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
     model.train(was_training)
-    gap = float(((packed.unpack(rows) - plain) * padded.attention_mask[:, 1:]).abs().max())
+    keep = padded.attention_mask[:, 1:].bool()
+    unpacked = torch.stack([packed.unpack(rows[..., j]) for j in range(rows.shape[-1])], dim=-1)
+    gap = float((unpacked[keep] - plain[keep]).abs().max())
     if not gap <= 1e-4:
-        raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (log-probs packed vs "
+        raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (outputs packed vs "
                          f"padded differ by {gap:.3g}); set train.pack_sequences: false")
     return gap
 
@@ -291,7 +293,10 @@ class PolicyTrainer:
                 check_packing(self.ref, self.ref_model_dir or self.model_dir)
         self.critic = None
         if self.parts["advantage"] in NEEDS_CRITIC:
-            self.critic = self._engine(self._build_critic(), self.cfg.critic.lr, self.cfg.critic.grad_clip)
+            critic = self._build_critic()
+            if self.cfg.pack_sequences:
+                check_packing(critic, self.cfg.critic.model or self.model_dir)
+            self.critic = self._engine(critic, self.cfg.critic.lr, self.cfg.critic.grad_clip)
         self.kl_ctl = kl_controller(self.cfg.kl_coef, self.cfg.kl_target, self.cfg.kl_horizon)
         if self.resume_dir:
             self._load_state(Path(self.resume_dir))
@@ -338,7 +343,10 @@ class PolicyTrainer:
 
     def _values(self, micro: _Micro, model: Any) -> torch.Tensor:
         """V(s_t) at each position that predicts a token: (b, L-1)."""
-        return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1, 0].float()
+        if micro.packed is None:
+            return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1, 0].float()
+        p = micro.packed
+        return micro.unpack(model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1, 0].float())
 
     @torch.no_grad()
     def _precompute(self, samples: Sequence[Sample]) -> dict[str, list[list[float]]]:
