@@ -83,7 +83,8 @@ class TrainerRanks:
             import torch
             import torch.distributed as dist
 
-            flag = torch.tensor([failed])
+            # NCCL reduces device tensors only; gloo (CPU) any.
+            flag = torch.tensor([failed], device=f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
             dist.all_reduce(flag)
             failed = int(flag)
         if err is not None:

@@ -83,6 +83,15 @@ class _Micro:
     tok: dict[str, torch.Tensor]  # (b, L-1) per-token inputs: old_logprobs, advantages, ref_logprobs, …
     packed: _Packing | None = None  # train.pack_sequences, where it saves: the layout the forward passes run in
 
+    def to(self, device: torch.device) -> "_Micro":
+        """The same micro-batch on ``device`` (the engine's: CPU, or the rank's GPU)."""
+        if self.input_ids.device == device:
+            return self
+        packed = self.packed and _Packing(*(t.to(device) for t in (self.packed.input_ids, self.packed.position_ids,
+                                                                    self.packed.src, self.packed.dst)))
+        return _Micro(self.input_ids.to(device), self.attention_mask.to(device), self.targets.to(device),
+                      self.mask.to(device), self.action.to(device), {k: v.to(device) for k, v in self.tok.items()}, packed)
+
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """A per-position (R, C-1) tensor of the packed forward in the padded (b, L-1) layout (0 elsewhere);
         gradients flow through."""
@@ -285,12 +294,14 @@ class PolicyTrainer:
         if self.cfg.pack_sequences:
             check_packing(model, src)
         self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)
+        self.device = torch.device(self.engine.device)  # DeepSpeed placed the model: inputs follow it
         self.ref = None
         if self.cfg.uses_reference:
             self.ref = AutoModelForCausalLM.from_pretrained(self.ref_model_dir or self.model_dir, dtype=torch.float32)
             self.ref.eval().requires_grad_(False)
             if self.cfg.pack_sequences:
                 check_packing(self.ref, self.ref_model_dir or self.model_dir)
+            self.ref.to(self.device)
         self.critic = None
         if self.parts["advantage"] in NEEDS_CRITIC:
             critic = self._build_critic()
@@ -370,7 +381,7 @@ class PolicyTrainer:
         found_at: dict[int, dict[str, list[float]]] = {}
         for start in range(0, len(order), step):
             chunk = [samples[i] for i in order[start : start + step]]
-            micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences)
+            micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences).to(self.device)
             found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]} if "policy_logprobs" in out else {}
             if self.ref is not None:
                 found["ref_logprobs"] = self._forward(micro, self.ref)[0]
@@ -391,7 +402,7 @@ class PolicyTrainer:
         samples = [Sample(list(p), list(c), [0.0] * len(c), 0.0, i) for i, (p, c) in enumerate(zip(prompts, continuations))]
         was_training = self.engine.module.training
         self.engine.module.eval()
-        micro = _collate(samples, {}, self.tokenizer.pad_token_id)
+        micro = _collate(samples, {}, self.tokenizer.pad_token_id).to(self.device)
         logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
         lp = token_logprobs(logits, micro.targets, 1.0)
         self.engine.module.train(was_training)
@@ -556,7 +567,7 @@ class PolicyTrainer:
             micro = None
             if slot:
                 micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in prep.per_token.items()},
-                                 self.tokenizer.pad_token_id, [masks[i] for i in slot], self.cfg.pack_sequences)
+                                 self.tokenizer.pad_token_id, [masks[i] for i in slot], self.cfg.pack_sequences).to(self.device)
                 loss, stats = self._micro_loss(micro, agg, prep.beta, measure)
             else:  # an empty slot still takes part in the collective step
                 loss, stats = sum(p.sum() for p in self.engine.module.parameters()) * 0.0, {}
@@ -614,7 +625,7 @@ class PolicyTrainer:
             return flag
         import torch.distributed as dist
 
-        t = torch.tensor([0.0 if flag else 1.0])
+        t = torch.tensor([0.0 if flag else 1.0], device=self.device)  # NCCL reduces device tensors only
         dist.all_reduce(t)
         return float(t) == 0.0
 
@@ -673,11 +684,11 @@ class PolicyTrainer:
             return sums
         import torch.distributed as dist
 
-        t = torch.tensor([sums.get(k, 0.0) for k in _STAT_KEYS], dtype=torch.float64)
+        t = torch.tensor([sums.get(k, 0.0) for k in _STAT_KEYS], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         out = dict(zip(_STAT_KEYS, t.tolist()))
         for keys, op, empty in ((_MAX_KEYS, dist.ReduceOp.MAX, -math.inf), (_MIN_KEYS, dist.ReduceOp.MIN, math.inf)):
-            t = torch.tensor([sums.get(k, empty) for k in keys], dtype=torch.float64)
+            t = torch.tensor([sums.get(k, empty) for k in keys], dtype=torch.float64, device=self.device)
             dist.all_reduce(t, op=op)
             out |= {k: v for k, v in zip(keys, t.tolist()) if math.isfinite(v)}
         return out
