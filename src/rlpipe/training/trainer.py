@@ -12,6 +12,10 @@ One :meth:`PolicyTrainer.update` call per RL iteration:
    the whole mini-batch and pre-multiplied by (GAS × world) to undo DeepSpeed's averaging, so any
    split into micro-batches or ranks yields the same gradient (tested: 2 ranks == 1 rank).
 
+Each micro-batch's sequences are packed end to end in rows (``train.pack_sequences``; position ids restart
+at each sequence) wherever that computes PACK_MIN_SAVING fewer positions than padding; the losses are computed
+in the padded layout either way (``_Micro.unpack``).
+
 The critic (``gae`` only) is a separate model (the policy's trunk + a scalar head) with its own
 AdamW in a second DeepSpeed engine; it steps with the policy. deepspeed is imported inside the
 trainer, never at module import.
@@ -61,6 +65,12 @@ def init_distributed() -> tuple[int, int]:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
+
+# A packed row holds at least this many tokens: rows of sequences, not one short sequence per row (the
+# attention's per-row cost dominates at a few tokens per sequence; measured in benchmarks/README.md).
+PACK_ROW = 64
+# Packing is used where it computes at least this share fewer positions than padding.
+PACK_MIN_SAVING = 0.1
 
 @dataclass
 class _Packing:
@@ -241,12 +251,6 @@ def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
             out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
     return out
 
-
-# A packed row holds at least this many tokens: rows of sequences, not one short sequence per row (the
-# attention's per-row cost dominates at a few tokens per sequence; measured in benchmarks/README.md).
-PACK_ROW = 64
-# Packing is used where it computes at least this share fewer positions than padding.
-PACK_MIN_SAVING = 0.1
 
 # Summed over micro-batches and ranks: *_sum are per-mini-batch loss values (divided by the step
 # count), *_tok are token-weighted (divided by the token count).
