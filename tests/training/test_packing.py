@@ -120,3 +120,18 @@ def test_a_model_that_mixes_packed_sequences_is_refused(tiny_checkpoint):
     assert check_packing(model, "tiny") <= 1e-5
     with pytest.raises(ValueError, match="train.pack_sequences: false"):
         check_packing(_Unpacked(model), "unpacked-model")
+
+
+def test_a_micro_batch_moves_whole_to_the_engines_device(monkeypatch):
+    """Every tensor of a micro-batch, its per-token inputs and its packed rows follow it to the device (the
+    meta device stands in for a GPU here); on its own device it is returned as is."""
+    monkeypatch.setattr(trainer_mod, "PACK_ROW", 6)
+    samples = [Sample([11, 12], [13, 14, 15], [0.0] * 3, 0.0, 0), Sample([21], [22], [0.0], 0.0, 0),
+               Sample([31, 32], [33], [0.0], 0.0, 0)]
+    micro = _collate(samples, {"advantages": [[1.0] * 3, [1.0], [1.0]]}, 0, pack=True)
+    assert micro.to(torch.device("cpu")) is micro
+    moved = micro.to(torch.device("meta"))
+    tensors = [moved.input_ids, moved.attention_mask, moved.targets, moved.mask, moved.action, *moved.tok.values(),
+               moved.packed.input_ids, moved.packed.position_ids, moved.packed.src, moved.packed.dst]
+    assert len(tensors) == 10 and all(t.device.type == "meta" for t in tensors)
+    assert moved.packed.src.shape == micro.packed.src.shape and moved.tok["advantages"].shape == (3, 4)
