@@ -61,17 +61,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/packing.json"))
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from profile_update import samples
+    from profile_update import samples, untrained_policy
     from rlpipe.config import RunConfig
-    from rlpipe.training.checkpoint import save_checkpoint
-    from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
     from rlpipe.training.trainer import PolicyTrainer
 
     cfg = RunConfig()
-    folder = Path("/tmp/rlpipe-bench/profile-policy")
-    if not (folder / "config.json").exists():
-        tok = build_char_tokenizer()
-        save_checkpoint(folder, build_tiny_model(cfg.model, tok, seed=0), tok, trainer_state={"kind": "init"})
+    folder = untrained_policy(cfg)
     results = {}
     for max_new in a.max_new:
         trainers = {name: PolicyTrainer(model_dir=str(folder), cfg=cfg.train.model_copy(update={"pack_sequences": pack}),

@@ -55,6 +55,19 @@ def samples(tokenizer, n_prompts: int, per_prompt: int, max_new: int, seed: int)
     return out
 
 
+def untrained_policy(cfg) -> Path:
+    """The default model config's tiny model, untrained (the update's time does not depend on the weights),
+    saved once under /tmp/rlpipe-bench/profile-policy."""
+    from rlpipe.training.checkpoint import save_checkpoint
+    from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
+
+    folder = Path("/tmp/rlpipe-bench/profile-policy")
+    if not (folder / "config.json").exists():
+        tok = build_char_tokenizer()
+        save_checkpoint(folder, build_tiny_model(cfg.model, tok, seed=0), tok, trainer_state={"kind": "init"})
+    return folder
+
+
 def padding_share(batch: list, micro: int) -> float:
     """Padded positions / computed positions over the micro-batches of one update (in its order)."""
     real = padded = 0
@@ -81,15 +94,10 @@ def main() -> None:
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from rlpipe.config import RunConfig
-    from rlpipe.training.checkpoint import save_checkpoint
-    from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
     from rlpipe.training.trainer import PolicyTrainer
 
     cfg = RunConfig()
-    folder = Path("/tmp/rlpipe-bench/profile-policy")
-    if not (folder / "config.json").exists():
-        tok = build_char_tokenizer()
-        save_checkpoint(folder, build_tiny_model(cfg.model, tok, seed=0), tok, trainer_state={"kind": "init"})
+    folder = untrained_policy(cfg)
     trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg.train, seed=0, max_new_tokens=cfg.rollout.max_new_tokens)
     batch = samples(trainer.tokenizer, cfg.rollout.batch_size, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens, 0)
     trainer.update(batch, 0)  # warm-up (allocations, first-call paths)
