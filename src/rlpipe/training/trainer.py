@@ -67,8 +67,8 @@ def init_distributed() -> tuple[int, int]:
 
 
 # A packed row holds at least this many tokens: rows of sequences, not one short sequence per row (the
-# attention's per-row cost dominates at a few tokens per sequence). In a sweep of 16–256 on the demo's batch
-# shapes (responses of 1–8, 1–32, 1–128 tokens), 64 was the fastest or within noise of it.
+# attention's per-row cost dominates at a few tokens per sequence). 64 came out of an informal sweep of 16–256
+# on the demo's batch shapes (not kept); benchmarks/packing.py measures this value.
 PACK_ROW = 64
 # Packing is used where it computes at least this share fewer positions than padding.
 PACK_MIN_SAVING = 0.1
@@ -104,12 +104,14 @@ class _Micro:
                       self.mask.to(device), self.action.to(device), {k: v.to(device) for k, v in self.tok.items()}, packed)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """A per-position (R, C-1) tensor of the packed forward in the padded (b, L-1) layout (0 elsewhere);
+        """A per-position (R, C-1, …) tensor of the packed forward in the padded (b, L-1, …) layout (0 elsewhere);
         gradients flow through."""
         if self.packed is None:
             return x
-        flat = torch.zeros(self.targets.numel(), dtype=x.dtype, device=x.device)
-        return flat.index_put((self.packed.dst,), x.reshape(-1)[self.packed.src]).view(self.targets.shape)
+        rest = x.shape[2:]
+        flat = torch.zeros((self.targets.numel(), *rest), dtype=x.dtype, device=x.device)
+        out = flat.index_put((self.packed.dst,), x.reshape(-1, *rest)[self.packed.src])
+        return out.view(*self.targets.shape, *rest)
 
 
 def _pack(seqs: Sequence[Sequence[int]], width: int, pad_id: int) -> _Packing:
@@ -158,8 +160,7 @@ def check_packing(model: Any, where: str) -> float:
     rows = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
     model.train(was_training)
     keep = padded.attention_mask[:, 1:].bool()
-    unpacked = torch.stack([packed.unpack(rows[..., j]) for j in range(rows.shape[-1])], dim=-1)
-    gap = float((unpacked[keep] - plain[keep]).abs().max())
+    gap = float((packed.unpack(rows)[keep] - plain[keep]).abs().max())
     if not gap <= 1e-4:
         raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (outputs packed vs "
                          f"padded differ by {gap:.3g}); set train.pack_sequences: false")
