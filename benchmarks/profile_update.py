@@ -33,7 +33,8 @@ PARTS = {
     "forward + loss": ("trainer.py", "_micro_loss"),
     "backward": ("engine.py", "backward"),
     "optimizer step": ("engine.py", "step"),
-    "gradient norm": ("trainer.py", "_grad_norm"),
+    "gradient norm": ("clip_grad.py", "_get_total_norm"),
+    "gradient clip": ("clip_grad.py", "_clip_grads_with_norm_"),
 }
 
 

@@ -115,3 +115,61 @@ def test_a_non_finite_step_is_skipped_and_leaves_no_trace(tiny_checkpoint, zero)
     b.update(good, 1)
     for (name, pa), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
         assert torch.equal(pa, pb), name
+
+
+def _hand_steps(model_dir, samples, order, step, clip, lr):
+    """The update by hand, one sample per forward: token-mean PPO loss (ratio inside the clip range), the global
+    gradient norm, gradients scaled by min(1, clip/(norm + 1e-6)), then torch's plain AdamW (betas 0.9, 0.99)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0, foreach=False)
+    width = max(len(s.response_ids) for s in samples)
+    mask = torch.tensor([[1.0] * len(s.response_ids) + [0.0] * (width - len(s.response_ids)) for s in samples])
+    adv = compute_advantages("grpo", AdvantageInput(torch.tensor([s.reward for s in samples]), torch.tensor([s.group for s in samples]),
+                                                     torch.ones(len(samples), dtype=torch.bool), mask)).advantages
+    norms = []
+    for start in range(0, len(order), step):
+        idx = order[start : start + step]
+        opt.zero_grad()
+        terms = []
+        for i in idx:
+            s = samples[i]
+            ids = torch.tensor([s.prompt_ids + s.response_ids])
+            logp = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            lp = logp[torch.arange(p - 1, p - 1 + r), ids[0, p:]]
+            terms.append(-(adv[i, :r] * torch.exp(lp - torch.tensor(s.old_logprobs))).sum())
+        loss = torch.stack(terms).sum() / sum(len(samples[i].response_ids) for i in idx)
+        loss.backward()
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
+        norms.append(float(norm))
+        coef = min(1.0, clip / (float(norm) + 1e-6))
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
+        opt.step()
+    return dict(model.named_parameters()), norms
+
+
+def test_two_steps_equal_clipped_adamw_by_hand(tiny_checkpoint):
+    """The trainer's update (DeepSpeed, fused AdamW, the trainer's own clipping, packed or padded micro-batches)
+    lands where two hand-written steps land; and the clip matters: unclipped steps land elsewhere."""
+    import random
+
+    clip, lr = 0.01, 1e-3
+    trainer = _trainer(tiny_checkpoint, batch_size=4, micro_batch_size=2, grad_clip=clip, lr=lr)
+    samples = _samples(trainer)
+    m = trainer.update(samples, 0)
+    order = list(range(8))
+    random.Random(0).shuffle(order)  # PolicyTrainer._optimize's order: seed 0, iteration 0, epoch 0
+    want, norms = _hand_steps(tiny_checkpoint, samples, order, 4, clip, lr)
+    assert m["optimizer_steps"] == 2 and m["clip_frac"] == 0.0  # ratios stayed inside the clip range
+    assert min(norms) > 10 * clip  # both steps were clipped
+    assert m["grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-4)
+    unclipped, _ = _hand_steps(tiny_checkpoint, samples, order, 4, 1e9, lr)
+    got = dict(trainer.module.named_parameters())
+    worst = max(float((got[k] - want[k]).detach().abs().max()) for k in want)
+    apart = max(float((unclipped[k] - want[k]).detach().abs().max()) for k in want)
+    assert worst < 2e-6 and apart > 50 * worst, (worst, apart)
