@@ -42,9 +42,10 @@ def tree_cpu_s(proc: psutil.Process) -> float:
     return total
 
 
-def tree_rss(proc: psutil.Process) -> int:
+def tree_rss(proc: psutil.Process, members: Sequence[psutil.Process] | None = None) -> int:
+    """RSS of ``proc`` and its live descendants (``members``: a listing of them made earlier)."""
     total = 0
-    for p in _tree(proc):
+    for p in members if members is not None else _tree(proc):
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -60,16 +61,21 @@ class ResourceMonitor:
         self._stage: str | None = None
         self._peaks: dict[str, int] = {}
         self._thread: threading.Thread | None = None
+        # Listing the process tree scans every process on the machine (psutil reads each one's parent): the
+        # sampling thread lists it at each sample, a stage's start and end reuse its latest listing.
+        self._members: list[psutil.Process] | None = None
 
-    def _sample(self) -> None:
-        rss = tree_rss(self.proc)
+    def _sample(self, relist: bool = False) -> None:
+        if relist or self._members is None:
+            self._members = _tree(self.proc)
+        rss = tree_rss(self.proc, self._members)
         with self._lock:
             if self._stage is not None:
                 self._peaks[self._stage] = max(self._peaks.get(self._stage, 0), rss)
 
     def _loop(self) -> None:
         while True:
-            self._sample()
+            self._sample(relist=True)
             time.sleep(self.interval_s)
 
     def start(self) -> "ResourceMonitor":

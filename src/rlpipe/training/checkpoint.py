@@ -35,7 +35,7 @@ def weights_sha256(named_tensors: Iterable[tuple[str, torch.Tensor]] | dict[str,
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(torch.uint8).numpy() if t.numel() else b"")  # the tensor's buffer, not a copy of it
     return h.hexdigest()
 
 
