@@ -196,6 +196,34 @@ class RewardRecorder(TrainerCallback):
         )
 
 
+class StageTimer:
+    """Wall seconds inside GRPOTrainer's own methods (wrapped on the class, so TRL runs unchanged):
+    HF generation, generation + scoring + the log-prob pass before the first step, and whole training steps
+    (the first step of an iteration contains that iteration's generation)."""
+
+    METHODS = ("_generate", "_generate_and_score_completions", "training_step")
+
+    def __init__(self, cls: type):
+        self.seconds = dict.fromkeys(self.METHODS, 0.0)
+        for name in self.METHODS:
+            setattr(cls, name, self._timed(name, getattr(cls, name)))
+
+    def _timed(self, name: str, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+        return timed
+
+    def per_iteration(self, iterations: int) -> dict[str, float]:
+        s = {k: v / max(iterations, 1) for k, v in self.seconds.items()}
+        return {"generate_s": s["_generate"],
+                "score_and_logprob_pass_s": s["_generate_and_score_completions"] - s["_generate"],
+                "optimizer_steps_s": s["training_step"] - s["_generate_and_score_completions"]}
+
+
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     wall0 = time.perf_counter()
@@ -258,7 +286,7 @@ def main(args: argparse.Namespace) -> None:
         scale_rewards="group",
         mask_truncated_completions=False,
         # optimizer: AdamW, constant lr, no warm-up (rlpipe: betas (0.9, 0.99), no weight decay, clip 1.0)
-        optim="adamw_torch",
+        optim="adamw_torch_fused",  # transformers' default on torch >= 2.8, as rlpipe (fused AdamW)
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -280,6 +308,7 @@ def main(args: argparse.Namespace) -> None:
 
     timer = IterationTimer(steps_per_iter, per_iter, iters)
     recorder = RewardRecorder(timer)
+    stages = StageTimer(GRPOTrainer)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=make_reward(tokenizer, eos_ids(model, tokenizer)),
@@ -324,6 +353,7 @@ def main(args: argparse.Namespace) -> None:
         "seconds_per_256_completions_excl_first": (sum(steady) / len(steady)) * 256 / per_iter if steady else None,
         "iteration_seconds": secs,
         "train_seconds": train_seconds,
+        "stage_seconds_per_iteration": stages.per_iteration(len(secs)),
         "total_wall_seconds": time.perf_counter() - wall0,
         "accuracy_before": before["accuracy"] if before else None,
         "accuracy_after": after["accuracy"] if after else None,
@@ -342,7 +372,7 @@ def main(args: argparse.Namespace) -> None:
             "beta": args.beta,
             "learning_rate": args.lr,
             "lr_schedule": "constant, no warm-up",
-            "optimizer": "AdamW betas (0.9, 0.99), weight_decay 0",
+            "optimizer": "AdamW (torch fused) betas (0.9, 0.99), weight_decay 0",
             "max_grad_norm": 1.0,
             "epsilon": 0.2,
             "loss_type": args.loss_type,
