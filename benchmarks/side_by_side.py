@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--pairs", type=int, default=1)
     a = ap.parse_args()
+    if a.pairs < 1:
+        ap.error("--pairs must be at least 1 (run.sh's PAIRS)")
     rows = [pair(a.out, k) for k in range(1, a.pairs + 1)]
     print("| pair | rlpipe s / 256 | TRL s / 256 | ratio | rlpipe held-out | TRL held-out |")
     print("|---:|---:|---:|---:|---|---|")
