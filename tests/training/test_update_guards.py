@@ -154,8 +154,8 @@ def _hand_steps(model_dir, samples, order, step, clip, lr):
 
 
 def test_two_steps_equal_clipped_adamw_by_hand(tiny_checkpoint):
-    """The trainer's update (DeepSpeed, fused AdamW, the trainer's own clipping, packed or padded micro-batches)
-    lands where two hand-written steps land; and the clip matters: unclipped steps land elsewhere."""
+    """The trainer's update (DeepSpeed, fused AdamW, the trainer's own clipping, micro-batches laid out as the
+    trainer chooses) lands where two hand-written steps land; and the clip matters: unclipped steps land elsewhere."""
     import random
 
     clip, lr = 0.01, 1e-3
