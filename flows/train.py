@@ -126,8 +126,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"], "validation_accuracy": val["accuracy"]}, -1)
             if mlflow_run and base.get("samples"):  # the base policy's generations: iteration -1 of the table
                 Tracker(settings(), config).log_table(mlflow_run, [{"iteration": -1} | x for x in base["samples"]], "generations.json")
-            log.info("base policy: held-out accuracy %.3f (n=%d), validation %.3f (n=%d)", base["accuracy"], base["n"],
-                     val["accuracy"], val["n"])
+            log.info("base policy: held-out accuracy %.3f (n=%d), validation %s (n=%d)", base["accuracy"], base["n"],
+                     "none" if val["accuracy"] is None else f"{val['accuracy']:.3f}", val["n"])
         eta = Eta(config.train.total_iterations, done=first)
         for k in range(first, config.train.total_iterations):
             if reason := cancel_requested(flow_run.id):  # the UI, the CLI or an automation, between iterations

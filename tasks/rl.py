@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -304,8 +305,51 @@ def prompt_slot(config: RunConfig, iteration: int, draw: int) -> int:
     return iteration * (1 + config.rollout.max_extra_draws) + draw
 
 
+def prefetch_rollout(config: RunConfig, run_id: str, iteration: int) -> None:
+    """rollout.prefetch: generate ``iteration``'s first batch in the background now, by the policy the engine
+    holds (just synced, so on-policy); that iteration's rollout task joins it and takes the stored batch."""
+    from concurrent.futures import Future
+
+    svc = services(run_id)
+    if svc.background is not None:
+        raise RuntimeError(f"iteration {svc.background[0]}'s batch is still being generated ahead; join it first")
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(generate_rollout(config, run_id, iteration, 0))
+        except BaseException as e:  # noqa: BLE001 - handed to the rollout task that joins it
+            future.set_exception(e)
+
+    svc.background = (iteration, future)
+    threading.Thread(target=work, name=f"rlpipe-prefetch-{iteration}", daemon=True).start()
+
+
+def _join_prefetch(svc: RunServices, iteration: int, draw: int) -> float | None:
+    """Wait for the batch generated ahead for this rollout (seconds waited), None when there is none. Its
+    error is this task's (a retry generates the batch here)."""
+    if svc.background is None or (svc.background[0], draw) != (iteration, 0):
+        return None
+    _, future = svc.background
+    start = time.perf_counter()
+    try:
+        future.result()
+    except Exception as e:
+        raise RuntimeError(f"iteration {iteration}: generating its batch ahead (rollout.prefetch) failed: {e}") from e
+    finally:
+        svc.background = None
+    return time.perf_counter() - start
+
+
 @task(name="rollout", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
 def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> dict[str, Any]:
+    """The draw's batch: generated here, or taken from the store (generated ahead, or before a resume)."""
+    waited = _join_prefetch(services(run_id), iteration, draw)
+    out = generate_rollout(config, run_id, iteration, draw)
+    return out | {"prefetched": True, "prefetch_wait_s": waited} if waited is not None and out["reused"] else out
+
+
+def generate_rollout(config: RunConfig, run_id: str, iteration: int, draw: int) -> dict[str, Any]:
     store = _store(config)
     prefix = stage_prefix(run_id, iteration, _stage("rollout", draw))
     svc = services(run_id)

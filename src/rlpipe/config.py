@@ -261,10 +261,26 @@ class RolloutConfig(_Strict):
         "PPO ratio is taken against the sampling policy's log-probs (with train.tis_cap: the trainer's, "
         "importance-weighted against the sampler's). 0: on-policy, generation waits for the sync."
     )
+    prefetch: bool = Field(
+        True, description="On-policy overlap: right after iteration k's weight sync (and its metrics), iteration "
+        "k+1's first batch is generated in the background by the policy just synced, while iteration k's flow run "
+        "finishes and k+1's starts; k+1's rollout task takes that batch (the same batch, seed and policy as without "
+        "it). false: generate inside k+1's rollout task. With async_steps: 1 the batch is generated during the "
+        "update instead, and prefetch is off (setting it true there is an error)."
+    )
     sync_tolerance: float | None = Field(
         None, gt=0, description="Weight-sync proof: after each reload the engine's log-probs of a fixed probe batch "
         "must equal the trainer's within this (max |Δ log-prob|); null: 1e-3 for a float32 engine, 0.05 for 16-bit."
     )
+
+    @model_validator(mode="after")
+    def _one_overlap(self) -> "RolloutConfig":
+        if self.async_steps and self.prefetch:
+            if "prefetch" in self.model_fields_set:
+                raise ValueError("rollout.prefetch: true and rollout.async_steps: 1 both generate the next batch early; "
+                                 "async_steps generates it during the update, so drop rollout.prefetch")
+            object.__setattr__(self, "prefetch", False)
+        return self
 
 
 class CriticConfig(_Strict):

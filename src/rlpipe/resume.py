@@ -29,9 +29,9 @@ __all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "re
 
 # Keys a resume may change without being a different experiment.
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
-# Sections that watch, tidy or place a run without steering it (alerts, retention, where its services run):
-# free to change on a resume.
-OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models")
+# Sections that watch, tidy or place a run without steering it (alerts, retention, where its services run,
+# when an on-policy batch is generated): free to change on a resume.
+OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models", "rollout.prefetch")
 
 
 def _steers(key: str) -> bool:

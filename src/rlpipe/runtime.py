@@ -6,6 +6,7 @@ passes between tasks stays small (URIs and summaries); the services hold the hea
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ class RunServices:
     info: dict[str, Any] = field(default_factory=dict)  # the weight-sync probe and its last result
     reward_model: Any = None  # RLHF: a RewardModelSource (in-process or the service)
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)  # prompt id → prompt row
+    # Work started ahead on the engine (rollout.prefetch): (iteration, concurrent.futures.Future), or None.
+    background: tuple[int, Any] | None = None
 
 
 _SERVICES: dict[str, RunServices] = {}
@@ -47,5 +50,12 @@ def services(run_id: str) -> RunServices:
 
 def stop_services(run_id: str) -> None:
     s = _SERVICES.pop(run_id, None)
-    if s is not None and s.pool is not None:
+    if s is None:
+        return
+    if s.background is not None:  # the process keeps its engine for the next run: never leave it generating
+        iteration, future = s.background
+        if (err := future.exception()) is not None:
+            logging.getLogger("rlpipe").warning("run %s stopped; the batch of iteration %d generated ahead failed "
+                                                "(a resume generates it again): %s", run_id, iteration, err)
+    if s.pool is not None:
         s.pool.close()
