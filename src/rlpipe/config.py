@@ -262,11 +262,11 @@ class RolloutConfig(_Strict):
         "importance-weighted against the sampler's). 0: on-policy, generation waits for the sync."
     )
     prefetch: bool = Field(
-        False, description="On-policy overlap: right after iteration k's weight sync (and its metrics), iteration "
+        True, description="On-policy overlap: right after iteration k's weight sync (and its metrics), iteration "
         "k+1's first batch is generated in the background by the policy just synced, while iteration k's flow run "
         "finishes and k+1's starts; k+1's rollout task takes that batch (the same batch, seed and policy as without "
-        "it). Pays where generation has hardware of its own (a GPU, a rollout replica); on 2 shared CPU cores it "
-        "measured as a wash (benchmarks/README.md). Not with async_steps: 1, which generates during the update."
+        "it). false: generate inside k+1's rollout task. With async_steps: 1 the batch is generated during the "
+        "update instead, and prefetch is off (setting it true there is an error)."
     )
     sync_tolerance: float | None = Field(
         None, gt=0, description="Weight-sync proof: after each reload the engine's log-probs of a fixed probe batch "
@@ -276,8 +276,10 @@ class RolloutConfig(_Strict):
     @model_validator(mode="after")
     def _one_overlap(self) -> "RolloutConfig":
         if self.async_steps and self.prefetch:
-            raise ValueError("rollout.prefetch: true and rollout.async_steps: 1 both generate the next batch early; "
-                             "async_steps generates it during the update, so drop rollout.prefetch")
+            if "prefetch" in self.model_fields_set:
+                raise ValueError("rollout.prefetch: true and rollout.async_steps: 1 both generate the next batch early; "
+                                 "async_steps generates it during the update, so drop rollout.prefetch")
+            object.__setattr__(self, "prefetch", False)
         return self
 
 

@@ -1,4 +1,4 @@
-"""rollout.prefetch: iteration k+1's first batch is generated right after iteration k's weight
+"""rollout.prefetch (on by default): iteration k+1's first batch is generated right after iteration k's weight
 sync, while k's flow run ends and k+1's starts. The same batches as without it (on-policy, same seeds); a kill
 with the batch in flight resumes to the weights of a run without prefetch; its error is the rollout task's."""
 
@@ -46,7 +46,7 @@ def without_prefetch(api, tiny_checkpoint, even_task):
 
 def test_prefetched_batches_are_the_batches_without_prefetch(api, without_prefetch):
     sets, ref = without_prefetch
-    on = _cli(_args("rl-pf-on", sets + ["rollout.prefetch=true"]), {}, api)
+    on = _cli(_args("rl-pf-on", sets), {}, api)
     assert on.returncode == 0, on.stderr[-3000:]
     got = json.loads((settings().run_dir("rl-pf-on") / "summary.json").read_text())
     assert got["final_policy_version"] == ref["final_policy_version"]
@@ -63,7 +63,7 @@ def test_a_kill_with_the_batch_ahead_in_flight_resumes_to_the_same_weights(api, 
     sets, ref = without_prefetch
     store = open_store()
     for iteration, stage in KILLS:
-        killed = _cli(_args("rl-pf", sets + ["rollout.prefetch=true"]), {"RLPIPE_FAULT": f"{iteration}:{stage}"}, api)
+        killed = _cli(_args("rl-pf", sets), {"RLPIPE_FAULT": f"{iteration}:{stage}"}, api)
         assert killed.returncode == -9, (iteration, stage, killed.stderr[-3000:])
         # The batch ahead is generated while iteration k-1 records itself: the kill lands before or after
         # that record, and either must resume to the same course.
@@ -71,7 +71,7 @@ def test_a_kill_with_the_batch_ahead_in_flight_resumes_to_the_same_weights(api, 
         assert progress.get("completed_iteration", -1) in (iteration - 2, iteration - 1)
         if iteration == 1:
             written = store.read_manifest(stage_prefix("rl-pf", 1, "rollout"))["written_at"]
-    done = _cli(_args("rl-pf", sets + ["rollout.prefetch=true"]), {}, api)
+    done = _cli(_args("rl-pf", sets), {}, api)
     assert done.returncode == 0, done.stderr[-3000:]
     assert store.read_manifest(stage_prefix("rl-pf", 1, "rollout"))["written_at"] == written  # reused, not redone
     got = json.loads((settings().run_dir("rl-pf") / "summary.json").read_text())
@@ -125,7 +125,7 @@ def test_stopping_the_run_waits_for_the_batch_in_flight(monkeypatch):
 
 
 def test_prefetch_and_async_steps_do_not_stack():
-    assert RunConfig().rollout.prefetch is False
-    assert RunConfig.model_validate({"rollout": {"prefetch": True}}).rollout.prefetch is True
+    assert RunConfig().rollout.prefetch is True
+    assert RunConfig.model_validate({"rollout": {"async_steps": 1}}).rollout.prefetch is False
     with pytest.raises(ValueError, match="drop rollout.prefetch"):
         RunConfig.model_validate({"rollout": {"async_steps": 1, "prefetch": True}})
