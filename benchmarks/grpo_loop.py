@@ -102,7 +102,9 @@ def main() -> None:
     summary = json.loads(Path(train(config=rl, run_id=run_id)).read_text())
     wall = time.perf_counter() - t
     history = read_history(s.run_dir(run_id))
-    steady = history[1:] or history  # the first iteration includes one-off warm-ups
+    # The first iteration includes one-off warm-ups. Each iteration's total is the parent's wall between two
+    # iterations' marks (flows/train.py), so the parent's work between iterations is counted too.
+    steady = history[1:] or history
 
     def mean(key: str) -> float:
         return round(statistics.fmean(h.get(key, 0.0) for h in steady), 3)

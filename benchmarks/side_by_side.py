@@ -16,7 +16,9 @@ def pair(out: Path, k: int) -> dict:
     rl = json.loads((out / f"rlpipe-{k}.json").read_text())["rl"]
     trl = json.loads((out / f"trl-{k}.json").read_text())
     per = 256 / (rl["completions"] / rl["iterations"])
-    return {"pair": k, "rlpipe_s": rl["seconds_per_iteration_excl_eval"] * per, "trl_s": trl["seconds_per_256_completions"],
+    # Both sides in steady state: rlpipe's iterations after the first (grpo_loop.py), TRL's likewise.
+    trl_s = trl.get("seconds_per_256_completions_excl_first") or trl["seconds_per_256_completions"]
+    return {"pair": k, "rlpipe_s": rl["seconds_per_iteration_excl_eval"] * per, "trl_s": trl_s,
             "rlpipe_acc": (rl["accuracy_before"], rl["accuracy_after"]), "trl_acc": (trl["accuracy_before"], trl["accuracy_after"]),
             "rlpipe_stages": rl["stage_seconds_per_iteration"], "trl_stages": trl.get("stage_seconds_per_iteration", {})}
 

@@ -129,12 +129,14 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %s (n=%d)", base["accuracy"], base["n"],
                      "none" if val["accuracy"] is None else f"{val['accuracy']:.3f}", val["n"])
         eta = Eta(config.train.total_iterations, done=first)
+        mark = time.perf_counter()  # an iteration's total runs from the last one's mark to its own: nothing is left out
         for k in range(first, config.train.total_iterations):
             if reason := cancel_requested(flow_run.id):  # the UI, the CLI or an automation, between iterations
                 return _cancelled(config, run_id, mlflow_run, k - 1, reason)
-            t0 = time.perf_counter()
             out = _iteration(config, run_id, k, mlflow_run, dataset["version"])
-            _account_outer_time(config, run_id, k, mlflow_run, out["metrics"], time.perf_counter() - t0)
+            now = time.perf_counter()
+            _account_outer_time(config, run_id, k, mlflow_run, out["metrics"], now - mark)
+            mark = now
             log.info("run %s: iteration %s", run_id, eta.tick(k + 1))
             if reason := raise_alerts(config, run_id, k, out["alerts"]):
                 return _cancelled(config, run_id, mlflow_run, k, reason)
@@ -246,7 +248,9 @@ def _record_change(config: RunConfig, run_id: str, mlflow_run: str, progress: di
 
 
 def _account_outer_time(config: RunConfig, run_id: str, k: int, mlflow_run: str, m: dict[str, float], total: float) -> None:
-    """Overhead as the parent sees it: the iteration flow run's own start/finish included."""
+    """Overhead as the parent sees it: ``total`` is the parent's wall since the last iteration's mark, so it holds
+    the iteration flow run's own start/finish and the parent's work between iterations (the cancel check, this
+    logging, alerts): the iterations' totals add up to the loop's wall."""
     from rlpipe.tracking.mlflow_utils import Tracker
 
     compute = m["time/generate_s"] + m["time/verify_s"] + m["time/update_s"]
