@@ -267,7 +267,8 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
     history = run_history(run_id).read()  # the one reader of the whole history: once, at the run's end
     stage_keys = ["generate_s", "verify_s", "update_s", "sync_s", "eval_s", "save_s"]
     breakdown = {k: round(sum(h.get(f"time/{k}", 0.0) for h in history), 3) for k in stage_keys}
-    # Totals as the parent flow saw them (the iteration flow run's own start/finish included).
+    # Totals as the parent flow saw them: the iteration flow runs' own start/finish and the parent's work between
+    # iterations included (they add up to the loop's wall).
     iter_total = sum(h.get("time/iteration_total_s", h.get("time/iteration_s", 0.0)) for h in history)
     breakdown["overhead_s"] = round(iter_total - sum(breakdown[k] for k in ("generate_s", "verify_s", "update_s", "eval_s")), 3)
     plot = reward_curve(history, run_dir(run_id) / "reward_curve.png",
