@@ -248,9 +248,10 @@ def _record_change(config: RunConfig, run_id: str, mlflow_run: str, progress: di
 
 
 def _account_outer_time(config: RunConfig, run_id: str, k: int, mlflow_run: str, m: dict[str, float], total: float) -> None:
-    """Overhead as the parent sees it: ``total`` is the parent's wall since the last iteration's mark, so it holds
-    the iteration flow run's own start/finish and the parent's work between iterations (the cancel check, this
-    logging, alerts): the iterations' totals add up to the loop's wall."""
+    """Overhead as the parent sees it: ``total`` is the parent's wall since the previous iteration's mark, so it
+    holds the iteration flow run's own start/finish and the parent's work between iterations (the previous
+    iteration's outer logging and alert check, this one's cancel check): the totals add up to the loop's wall up
+    to the last mark."""
     from rlpipe.tracking.mlflow_utils import Tracker
 
     compute = m["time/generate_s"] + m["time/verify_s"] + m["time/update_s"]
@@ -268,7 +269,7 @@ def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run
     stage_keys = ["generate_s", "verify_s", "update_s", "sync_s", "eval_s", "save_s"]
     breakdown = {k: round(sum(h.get(f"time/{k}", 0.0) for h in history), 3) for k in stage_keys}
     # Totals as the parent flow saw them: the iteration flow runs' own start/finish and the parent's work between
-    # iterations included (they add up to the loop's wall).
+    # iterations included (they add up to the loop's wall up to the last mark).
     iter_total = sum(h.get("time/iteration_total_s", h.get("time/iteration_s", 0.0)) for h in history)
     breakdown["overhead_s"] = round(iter_total - sum(breakdown[k] for k in ("generate_s", "verify_s", "update_s", "eval_s")), 3)
     plot = reward_curve(history, run_dir(run_id) / "reward_curve.png",
