@@ -56,7 +56,7 @@ def test_prefetched_batches_are_the_batches_without_prefetch(api, without_prefet
     assert "rollout/prefetch_generate_s" not in history[0]  # nothing before the first iteration to overlap
     for h in history[1:]:  # generated ahead; the iteration waited only for what was left of it
         assert h["rollout/prefetch_generate_s"] > 0 and h["time/generate_s"] < h["rollout/prefetch_generate_s"]
-    # The parent's total holds the flow run and its own work between iterations, so it exceeds the body's wall.
+    # A sanity check of the parent's accounting: an iteration's total holds its flow run's body and more.
     assert all(h["time/iteration_total_s"] > h["time/iteration_s"] for h in history)
     assert all("rollout/prefetch_generate_s" not in h for h in read_history(settings().run_dir("rl-pf-off")))
 
