@@ -1,15 +1,16 @@
-"""Sequence packing in the update (`train.pack_sequences`): seconds per update, packed vs padded.
+"""Sequence packing in the update (`train.pack_sequences`, `train.share_prompts`): seconds per update, padded vs
+packed vs packed with shared prompts.
 
     .venv/bin/python benchmarks/packing.py --out /tmp/rlpipe-bench/packing.json
 
 One process, two in-process trainers (`PolicyTrainer`, DeepSpeed on gloo) on the same untrained tiny model
 built from the default model config, the demo's training settings (256 completions per update, 4 optimizer
-steps of 64, one micro-batch each), one with packing and one without. For each response-length bound
-(`--max-new`), a batch shaped like the demo's (32 arithmetic prompts × 8 completions, response lengths
-uniform in 1..bound): a warm-up update each, then ``--repeats`` updates alternating between the two trainers
-(so a slow moment of the machine hits both); median seconds per update, the share of padded positions the
-padded forward computes, the positions the packed forward computes, and the largest weight difference between
-the two trainers after the same updates (float rounding only).
+steps of 64, one micro-batch each, the samples shuffled across groups): three trainers, padded, packed, and packed
+with each micro-batch's shared prompts computed once. For each response-length bound (`--max-new`), a batch
+shaped like the demo's (32 arithmetic prompts × 8 completions, response lengths uniform in 1..bound): a warm-up
+update each, then ``--repeats`` updates alternating between the trainers (so a slow moment of the machine hits
+all); median seconds per update, the positions each forward computes, and the largest weight difference to the
+padded trainer after the same updates (float rounding only).
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def positions(trainer, batch: list, micro: int) -> dict[str, int]:
-    """Positions the forward computes over one update's micro-batches: padded, and as the trainer lays them."""
+    """Positions the forward computes over one update's micro-batches (in the update's shuffled order): padded,
+    and as the trainer lays them."""
+    import random
+
     from rlpipe.training.trainer import _collate
 
+    order = list(range(len(batch)))
+    random.Random(trainer.seed * 1_000_003 + 1).shuffle(order)  # the first timed update's order (_optimize)
     padded = laid = 0
     for start in range(0, len(batch), micro):
-        m = _collate(batch[start : start + micro], {}, trainer.tokenizer.pad_token_id, pack=trainer.cfg.pack_sequences)
+        m = _collate([batch[i] for i in order[start : start + micro]], {}, trainer.tokenizer.pad_token_id,
+                     pack=trainer.cfg.pack_sequences, share=trainer.cfg.share_prompts)
         padded += m.input_ids.numel()
         laid += m.packed.input_ids.numel() if m.packed is not None else m.input_ids.numel()
     return {"padded": padded, "computed": laid, "tokens": sum(len(s.prompt_ids) + len(s.response_ids) for s in batch)}
@@ -46,11 +53,14 @@ def measure(trainers: dict[str, object], batch: list, repeats: int, micro: int) 
             start = time.perf_counter()
             t.update(batch, k)
             wall[name].append(time.perf_counter() - start)
-    a, b = (t.engine.module.state_dict() for t in trainers.values())
+    base = trainers["padded"].engine.module.state_dict()
     out: dict[str, object] = {f"{name}_s": round(statistics.median(ts), 4) for name, ts in wall.items()}
     out |= {"positions_" + name: positions(t, batch, micro) for name, t in trainers.items()}
-    out["max_weight_diff"] = max(float((a[key] - b[key]).abs().max()) for key in a)
-    out["speedup"] = round(out["padded_s"] / out["packed_s"], 3)
+    for name, t in trainers.items():
+        if name != "padded":
+            w = t.engine.module.state_dict()
+            out[f"max_weight_diff_{name}"] = max(float((w[key] - base[key]).abs().max()) for key in base)
+            out[f"speedup_{name}"] = round(out["padded_s"] / out[f"{name}_s"], 3)
     return out
 
 
@@ -69,9 +79,10 @@ def main() -> None:
     folder = untrained_policy(cfg)
     results = {}
     for max_new in a.max_new:
-        trainers = {name: PolicyTrainer(model_dir=str(folder), cfg=cfg.train.model_copy(update={"pack_sequences": pack}),
-                                        seed=0, max_new_tokens=max_new)
-                    for name, pack in (("padded", False), ("packed", True))}
+        layouts = (("padded", False, False), ("packed", True, False), ("shared", True, True))
+        trainers = {name: PolicyTrainer(model_dir=str(folder), cfg=cfg.train.model_copy(
+                        update={"pack_sequences": pack, "share_prompts": share}), seed=0, max_new_tokens=max_new)
+                    for name, pack, share in layouts}
         batch = samples(trainers["padded"].tokenizer, cfg.rollout.batch_size, cfg.rollout.samples_per_prompt, max_new, 0)
         results[max_new] = measure(trainers, batch, a.repeats, cfg.train.micro_batch_size)
         print(f"[packing] responses 1..{max_new}: {json.dumps(results[max_new])}", flush=True)

@@ -363,6 +363,14 @@ class TrainConfig(_Strict):
         "the model keeps packed sequences apart (transformers' packed position ids) and refuses it otherwise. "
         "false: pad every sequence to the micro-batch's longest."
     )
+    share_prompts: bool = Field(
+        True, description="With train.pack_sequences: samples of a micro-batch with the same prompt (a GRPO group's) "
+        "share one copy of it in the packed rows; each response's positions continue the prompt's and it attends to "
+        "the prompt and to itself only (an explicit attention mask), so the prompt is computed once, not once per "
+        "sample. Used wherever it computes at least 10% fewer positions than packing without it; the losses are the "
+        "padded ones up to float rounding, and the trainer checks at start that the model honours the mask. "
+        "false: every sample carries its own prompt."
+    )
     mismatch_threshold: float = Field(
         0.1, gt=0, description="Train/inference mismatch: the share of sampled tokens whose |log π_trainer − "
         "log π_sampler| exceeds this is logged each iteration (mismatch/share_above)."
@@ -425,6 +433,9 @@ class TrainConfig(_Strict):
     def _micro_fits(self) -> "TrainConfig":
         from rlpipe.algorithms import ADVANTAGES, ALGORITHMS, POLICY_LOSSES
 
+        if self.share_prompts and not self.pack_sequences and "share_prompts" in self.model_fields_set:
+            raise ValueError("train.share_prompts needs train.pack_sequences: true (the shared prompt lives in the "
+                             "packed rows); set train.share_prompts: false or pack_sequences: true")
         if self.micro_batch_size > self.batch_size:
             raise ValueError(
                 f"micro_batch_size ({self.micro_batch_size}) exceeds batch_size ({self.batch_size}); lower it"

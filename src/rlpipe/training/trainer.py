@@ -13,8 +13,10 @@ One :meth:`PolicyTrainer.update` call per RL iteration:
    split into micro-batches or ranks yields the same gradient (tested: 2 ranks == 1 rank).
 
 Each micro-batch's sequences are packed end to end in rows (``train.pack_sequences``; position ids restart
-at each sequence) wherever that computes PACK_MIN_SAVING fewer positions than padding; the losses are computed
-in the padded layout either way (``_Micro.unpack``).
+at each sequence) wherever that computes PACK_MIN_SAVING fewer positions than padding; samples with the same
+prompt (a GRPO group) share one copy of it there (``train.share_prompts``: each response attends to the prompt
+and to itself, an explicit attention mask). The losses are computed in the padded layout either way
+(``_Micro.unpack`` and ``_Micro.scatter``).
 
 The critic (``gae`` only) is a separate model (the policy's trunk + a scalar head) with its own
 AdamW in a second DeepSpeed engine; it steps with the policy. deepspeed is imported inside the
@@ -72,6 +74,11 @@ def init_distributed() -> tuple[int, int]:
 PACK_ROW = 64
 # Packing is used where it computes at least this share fewer positions than padding.
 PACK_MIN_SAVING = 0.1
+# A shared prompt and the responses after it (a 'unit') hold at most this many tokens unless one sequence is longer,
+# and a row of units is at least this wide: attention over a row is dense (an explicit mask), so a long unit would
+# trade the prompt's linear work for attention work; at the demo's shapes rows of 64 cost more than rows of 256
+# (more tail padding), see benchmarks/packing.py.
+SHARE_UNIT = 256
 
 @dataclass
 class _Packing:
@@ -82,6 +89,14 @@ class _Packing:
     position_ids: torch.Tensor  # (R, C)
     src: torch.Tensor  # flat indices in (R, C-1) of every position that predicts a token of its own sequence
     dst: torch.Tensor  # the same positions' flat indices in the padded (b, L-1) layout
+    # Shared prompts: (R, 1, C, C), True where a query position may attend to a key position; src may then
+    # repeat (a shared prompt's last position predicts every response's first token). None: position ids
+    # alone keep the sequences apart.
+    attention_mask: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> "_Packing":
+        return _Packing(*(t.to(device) for t in (self.input_ids, self.position_ids, self.src, self.dst)),
+                        None if self.attention_mask is None else self.attention_mask.to(device))
 
 
 @dataclass
@@ -98,8 +113,7 @@ class _Micro:
         """The same micro-batch on ``device`` (the engine's: CPU, or the rank's GPU)."""
         if self.input_ids.device == device:
             return self
-        packed = self.packed and _Packing(*(t.to(device) for t in (self.packed.input_ids, self.packed.position_ids,
-                                                                    self.packed.src, self.packed.dst)))
+        packed = self.packed and self.packed.to(device)
         return _Micro(self.input_ids.to(device), self.attention_mask.to(device), self.targets.to(device),
                       self.mask.to(device), self.action.to(device), {k: v.to(device) for k, v in self.tok.items()}, packed)
 
@@ -108,25 +122,34 @@ class _Micro:
         gradients flow through."""
         if self.packed is None:
             return x
-        rest = x.shape[2:]
+        return self.scatter(x.reshape(-1, *x.shape[2:])[self.packed.src])
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """Values (n, …) of the packed layout's predicting positions, in ``src`` order, in the padded (b, L-1, …)
+        layout (0 elsewhere); gradients flow through."""
+        rest = x.shape[1:]
         flat = torch.zeros((self.targets.numel(), *rest), dtype=x.dtype, device=x.device)
-        out = flat.index_put((self.packed.dst,), x.reshape(-1, *rest)[self.packed.src])
-        return out.view(*self.targets.shape, *rest)
+        return flat.index_put((self.packed.dst,), x).view(*self.targets.shape, *rest)
 
 
-def _pack(seqs: Sequence[Sequence[int]], width: int, pad_id: int) -> _Packing:
-    """ceil(tokens / max(longest, PACK_ROW)) rows, each sequence (longest first) into the least-filled row;
-    the rows are as wide as the fullest, a row's tail is padding with its own positions (a separate
-    'sequence' no real token attends to)."""
-    lengths = [len(s) for s in seqs]
-    n_rows = -(-sum(lengths) // max(max(lengths), PACK_ROW))
+def _rows(lengths: Sequence[int], row: int) -> tuple[list[list[int]], int]:
+    """ceil(tokens / max(longest, row)) rows, each item (longest first) into the least-filled row; the rows'
+    members and their common width (the fullest row's load)."""
+    n_rows = -(-sum(lengths) // max(max(lengths), row))
     rows: list[list[int]] = [[] for _ in range(n_rows)]
     load = [0] * n_rows
-    for i in sorted(range(len(seqs)), key=lambda i: -lengths[i]):
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         j = min(range(n_rows), key=load.__getitem__)
         rows[j].append(i)
         load[j] += lengths[i]
-    c = max(load)
+    return rows, max(load)
+
+
+def _pack(seqs: Sequence[Sequence[int]], width: int, pad_id: int) -> _Packing:
+    """Sequences end to end in rows of at least PACK_ROW tokens (:func:`_rows`); a row's tail is padding with
+    its own positions (a separate 'sequence' no real token attends to)."""
+    lengths = [len(s) for s in seqs]
+    rows, c = _rows(lengths, PACK_ROW)
     ids: list[int] = []  # built as flat lists, one tensor each at the end (per-sequence tensors cost more)
     pos: list[int] = []
     src: list[int] = []
@@ -147,33 +170,106 @@ def _pack(seqs: Sequence[Sequence[int]], width: int, pad_id: int) -> _Packing:
                     torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long))
 
 
+def _units(samples: Sequence[Sample]) -> list[tuple[list[int], list[int]]]:
+    """The micro-batch's samples by prompt, in order of first appearance: (prompt ids, sample indices). A unit
+    takes no more responses once it holds SHARE_UNIT tokens (the prompt then starts a new one)."""
+    units: list[tuple[list[int], list[int]]] = []
+    load: list[int] = []
+    open_: dict[tuple[int, ...], int] = {}
+    for i, s in enumerate(samples):
+        key, n = tuple(s.prompt_ids), len(s.response_ids)
+        u = open_.get(key)
+        if u is None or load[u] + n > SHARE_UNIT:
+            u = open_[key] = len(units)
+            units.append((list(s.prompt_ids), []))
+            load.append(len(s.prompt_ids))
+        units[u][1].append(i)
+        load[u] += n
+    return units
+
+
+def _pack_shared(samples: Sequence[Sample], units: list[tuple[list[int], list[int]]], width: int, pad_id: int) -> _Packing:
+    """Each unit as one prompt followed by its responses, units in rows of at least SHARE_UNIT tokens (:func:`_rows`).
+    A response's positions continue the prompt's; it attends to its prompt and to itself (the attention mask), so
+    it computes what it would alone. Its first token is predicted at the prompt's last position."""
+    lengths = [len(pr) + sum(len(samples[i].response_ids) for i in members) for pr, members in units]
+    rows, c = _rows(lengths, SHARE_UNIT)
+    ids: list[int] = []
+    pos: list[int] = []
+    unit: list[int] = []  # per position: its unit (a row's tail: a unit of its own per position)
+    resp: list[int] = []  # per position: its sample, -1 on a prompt
+    src: list[int] = []
+    dst: list[int] = []
+    for j, members in enumerate(rows):
+        o = 0
+        for u in members:
+            prompt, which = units[u]
+            n_p = len(prompt)
+            ids += prompt
+            pos += range(n_p)
+            unit += [u] * n_p
+            resp += [-1] * n_p
+            last, o = j * (c - 1) + o + n_p - 1, o + n_p
+            for i in which:
+                r = samples[i].response_ids
+                ids += r
+                pos += range(n_p, n_p + len(r))
+                unit += [u] * len(r)
+                resp += [i] * len(r)
+                src += [last, *range(j * (c - 1) + o, j * (c - 1) + o + len(r) - 1)][: len(r)]
+                dst += range(i * (width - 1) + n_p - 1, i * (width - 1) + n_p - 1 + len(r))
+                o += len(r)
+        ids += [pad_id] * (c - o)
+        pos += range(c - o)
+        unit += range(-1, -1 - (c - o), -1)
+        resp += [-1] * (c - o)
+    shape = (len(rows), c)
+    un, rs = torch.tensor(unit).view(shape), torch.tensor(resp).view(shape)
+    mask = (torch.ones(c, c, dtype=torch.bool).tril() & (un[:, :, None] == un[:, None, :])
+            & ((rs[:, None, :] == -1) | (rs[:, :, None] == rs[:, None, :])))
+    return _Packing(torch.tensor(ids, dtype=torch.long).view(shape), torch.tensor(pos, dtype=torch.long).view(shape),
+                    torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), mask[:, None])
+
+
 @torch.no_grad()
-def check_packing(model: Any, where: str) -> float:
-    """Proof that this model's forward honours packed position ids: its outputs (logits, or a critic's values)
-    for two sequences packed in one row equal their outputs padded, else a clear error (rather than a loss
-    that crosses sequence boundaries)."""
+def check_packing(model: Any, where: str, share: bool = False) -> float:
+    """Proof that this model's forward honours the packed layouts: its outputs (logits, or a critic's values) at
+    every position that predicts a response token equal their padded outputs for two sequences packed in one row
+    (position ids) and, with ``share``, for three responses after one shared prompt (the attention mask); else
+    a clear error rather than a loss that crosses sequence boundaries. The largest gap."""
     vocab = int(model.get_input_embeddings().num_embeddings)
     seqs = [[(3 + 5 * k) % vocab for k in range(6)], [(4 + 7 * k) % vocab for k in range(4)]]
     samples = [Sample(q[:2], q[2:], [0.0] * (len(q) - 2), 0.0, i) for i, q in enumerate(seqs)]
+    layouts = [(samples, _collate(samples, {}, 0, pack=True).packed, "train.pack_sequences: false")]
+    if share:
+        shared = [Sample(seqs[0][:3], r, [0.0] * len(r), 0.0, 0) for r in (seqs[1][:2], seqs[1][1:], seqs[0][3:4])]
+        shared.append(samples[1])
+        width = max(len(x.prompt_ids) + len(x.response_ids) for x in shared)
+        layouts.append((shared, _pack_shared(shared, _units(shared), width, 0), "train.share_prompts: false"))
     was_training = model.training
     model.eval()
-    padded, packed = _collate(samples, {}, 0), _collate(samples, {}, 0, pack=True)
-    plain = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits[:, :-1]
-    p = packed.packed
-    rows = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
+    worst = 0.0
+    for group, p, fix in layouts:
+        padded = _collate(group, {}, 0)
+        plain = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits[:, :-1]
+        rows = model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
+                     use_cache=False).logits[:, :-1]
+        got = rows.reshape(-1, rows.shape[-1])[p.src]
+        gap = float((got - plain.reshape(-1, plain.shape[-1])[p.dst]).abs().max())
+        if not gap <= 1e-4:
+            model.train(was_training)
+            raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (outputs packed vs "
+                             f"padded differ by {gap:.3g}); set {fix}")
+        worst = max(worst, gap)
     model.train(was_training)
-    keep = padded.attention_mask[:, 1:].bool()
-    gap = float((packed.unpack(rows)[keep] - plain[keep]).abs().max())
-    if not gap <= 1e-4:
-        raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (outputs packed vs "
-                         f"padded differ by {gap:.3g}); set train.pack_sequences: false")
-    return gap
+    return worst
 
 
 def _collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[float]]], pad_id: int,
-             train_masks: Sequence[Sequence[float]] | None = None, pack: bool = False) -> _Micro:
+             train_masks: Sequence[Sequence[float]] | None = None, pack: bool = False, share: bool = False) -> _Micro:
     """Pad prompt+response sequences; place response-aligned values at the positions that predict them;
-    ``pack``: also the packed layout of the same sequences, where it saves PACK_MIN_SAVING of the positions."""
+    ``pack``: also the packed layout of the same sequences, where it saves PACK_MIN_SAVING of the positions;
+    ``share``: with one copy of each shared prompt, where that saves PACK_MIN_SAVING of the packed positions."""
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     seqs = [s.prompt_ids + s.response_ids for s in samples]
     ids = torch.tensor([q + [pad_id] * (width - len(q)) for q in seqs], dtype=torch.long)
@@ -192,7 +288,14 @@ def _collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[f
     action = aligned([s.action_mask for s in samples])
     mask = aligned(train_masks if train_masks is not None else [s.action_mask for s in samples])
     tok = {k: aligned(rows) for k, rows in per_token.items()}
-    packed = _pack(seqs, width, pad_id) if pack else None
+    packed = None
+    if pack:
+        units = _units(samples) if share else []
+        shared = sum(len(pr) for pr, _ in units) + sum(len(x.response_ids) for x in samples)
+        if units and shared <= (1.0 - PACK_MIN_SAVING) * sum(map(len, seqs)):
+            packed = _pack_shared(samples, units, width, pad_id)
+        else:
+            packed = _pack(seqs, width, pad_id)
     if packed is not None and packed.input_ids.numel() > (1.0 - PACK_MIN_SAVING) * ids.numel():
         packed = None  # little padding to save: rows of sequences would only add attention work
     return _Micro(ids, att, ids[:, 1:], mask, action, tok, packed)
@@ -296,7 +399,7 @@ class PolicyTrainer:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(src)
         if self.cfg.pack_sequences:
-            check_packing(model, src)
+            check_packing(model, src, self.cfg.share_prompts)
         self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)
         self.device = torch.device(self.engine.device)  # DeepSpeed placed the model: inputs follow it
         self.ref = None
@@ -304,13 +407,13 @@ class PolicyTrainer:
             self.ref = AutoModelForCausalLM.from_pretrained(self.ref_model_dir or self.model_dir, dtype=torch.float32)
             self.ref.eval().requires_grad_(False)
             if self.cfg.pack_sequences:
-                check_packing(self.ref, self.ref_model_dir or self.model_dir)
+                check_packing(self.ref, self.ref_model_dir or self.model_dir, self.cfg.share_prompts)
             self.ref.to(self.device)
         self.critic = None
         if self.parts["advantage"] in NEEDS_CRITIC:
             critic = self._build_critic()
             if self.cfg.pack_sequences:
-                check_packing(critic, self.cfg.critic.model or self.model_dir)
+                check_packing(critic, self.cfg.critic.model or self.model_dir, self.cfg.share_prompts)
             self.critic = self._engine(critic, self.cfg.critic.lr, self.cfg.critic.grad_clip)
         self.kl_ctl = kl_controller(self.cfg.kl_coef, self.cfg.kl_target, self.cfg.kl_horizon)
         if self.resume_dir:
@@ -361,15 +464,18 @@ class PolicyTrainer:
             logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
             return token_logprobs(logits, micro.targets, self.temperature), logits
         p = micro.packed
-        logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
-        return micro.unpack(token_logprobs(logits, p.input_ids[:, 1:], self.temperature)), logits
+        logits = model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
+                       use_cache=False).logits[:, :-1]
+        picked = logits.reshape(-1, logits.shape[-1])[p.src]  # the predicting positions only (a shared prompt's repeats)
+        return micro.scatter(token_logprobs(picked, micro.targets.reshape(-1)[p.dst], self.temperature)), logits
 
     def _values(self, micro: _Micro, model: Any) -> torch.Tensor:
         """V(s_t) at each position that predicts a token: (b, L-1)."""
         if micro.packed is None:
             return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1, 0].float()
         p = micro.packed
-        return micro.unpack(model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1, 0].float())
+        return micro.unpack(model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
+                                  use_cache=False).logits[:, :-1, 0].float())
 
     @torch.no_grad()
     def _precompute(self, samples: Sequence[Sample]) -> dict[str, list[list[float]]]:
@@ -393,7 +499,8 @@ class PolicyTrainer:
         found_at: dict[int, dict[str, list[float]]] = {}
         for start in range(0, len(order), step):
             chunk = [samples[i] for i in order[start : start + step]]
-            micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences).to(self.device)
+            micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences,
+                             share=self.cfg.share_prompts).to(self.device)
             found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]} if "policy_logprobs" in out else {}
             if self.ref is not None:
                 found["ref_logprobs"] = self._forward(micro, self.ref)[0]
@@ -579,7 +686,8 @@ class PolicyTrainer:
             micro = None
             if slot:
                 micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in prep.per_token.items()},
-                                 self.tokenizer.pad_token_id, [masks[i] for i in slot], self.cfg.pack_sequences).to(self.device)
+                                 self.tokenizer.pad_token_id, [masks[i] for i in slot], self.cfg.pack_sequences,
+                                 self.cfg.share_prompts).to(self.device)
                 loss, stats = self._micro_loss(micro, agg, prep.beta, measure)
             else:  # an empty slot still takes part in the collective step
                 loss, stats = sum(p.sum() for p in self.engine.module.parameters()) * 0.0, {}

@@ -1,0 +1,174 @@
+"""train.share_prompts: samples of a micro-batch with the same prompt share one copy of it in the packed rows
+(each response attends to the prompt and to itself). The layout is exact, the forward and an update equal the
+padded ones up to float rounding, a model that ignores the attention mask is refused, and the key needs packing."""
+
+import pytest
+import torch
+
+from rlpipe.config import TrainConfig
+from rlpipe.storage.samples import Sample
+from rlpipe.training import trainer as trainer_mod
+from rlpipe.training.trainer import PolicyTrainer, _collate, _pack_shared, _units, check_packing
+
+
+def _three() -> list[Sample]:
+    return [Sample([11, 12], [13, 14], [0.0] * 2, 0.0, 0), Sample([21], [22, 23], [0.0] * 2, 0.0, 1),
+            Sample([11, 12], [15], [0.0], 0.0, 0)]
+
+
+def test_layout_by_hand():
+    """Prompt [11 12] twice, [21] once → one row: 11 12 | 13 14 | 15 | 21 | 22 23. The second response's
+    positions continue the prompt's (2, not 4); each response sees its prompt and itself only; both first
+    response tokens are predicted at the shared prompt's last position (flat index 1 of the row's C-1 = 7)."""
+    samples = _three()
+    units = _units(samples)
+    assert units == [([11, 12], [0, 2]), ([21], [1])]
+    p = _pack_shared(samples, units, width=4, pad_id=0)
+    assert p.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2]]
+    # padded (3 samples × L-1 = 3): sample 0's tokens at 1, 2; sample 1's at 3, 4; sample 2's at 7
+    assert p.src.tolist() == [1, 2, 1, 5, 6]
+    assert p.dst.tolist() == [1, 2, 7, 3, 4]
+    assert p.attention_mask.int()[0, 0].tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 0],  # 15 sees the prompt and itself, not 13 14
+        [0, 0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1, 1],
+    ]
+
+
+def test_a_full_unit_starts_another_copy_of_its_prompt(monkeypatch):
+    """SHARE_UNIT 6: prompt (2) + 2 + 2 tokens fill a unit; the third response opens a second unit of the same
+    prompt. Rows are SHARE_UNIT wide, a row's tail attends only to itself (no empty softmax row)."""
+    monkeypatch.setattr(trainer_mod, "SHARE_UNIT", 6)
+    samples = [Sample([11, 12], [13 + k, 14 + k], [0.0] * 2, 0.0, 0) for k in range(3)]
+    units = _units(samples)
+    assert units == [([11, 12], [0, 1]), ([11, 12], [2])]
+    p = _pack_shared(samples, units, width=4, pad_id=0)
+    assert p.input_ids.tolist() == [[11, 12, 13, 14, 14, 15], [11, 12, 15, 16, 0, 0]]
+    mask = p.attention_mask[1, 0]
+    assert mask[4].tolist() == [False, False, False, False, True, False]
+    assert bool(p.attention_mask.any(-1).all())
+
+
+def test_collate_shares_only_where_it_saves():
+    """GRPO-like groups share (even where every sequence has the same length); all-distinct prompts fall back
+    to plain packing (no mask); share=False never shares."""
+    groups = [Sample([5 + k // 4, 6, 7, 8], [9 + k % 3], [0.0], 0.0, k // 4) for k in range(8)]
+    micro = _collate(groups, {}, 0, pack=True, share=True)
+    assert micro.packed.attention_mask is not None
+    assert micro.packed.input_ids.ne(0).sum() == 2 * 4 + 8  # two prompts once each + 8 response tokens
+    distinct = [Sample([5 + k, 6, 7], [9] * (1 + k % 4), [0.0] * (1 + k % 4), 0.0, k) for k in range(8)]
+    assert _collate(distinct, {}, 0, pack=True, share=True).packed.attention_mask is None
+    assert _collate(groups, {}, 0, pack=True, share=False).packed is None  # equal lengths: no padding to pack away
+
+
+def _trainer(model_dir, **cfg) -> PolicyTrainer:
+    torch.set_num_threads(1)
+    base = {"batch_size": 8, "micro_batch_size": 4, "lr": 1e-3}
+    return PolicyTrainer(model_dir=str(model_dir), cfg=TrainConfig(**(base | cfg)), seed=0, max_new_tokens=6)
+
+
+def _groups() -> list[Sample]:
+    """2 prompts × 4 responses of 1–6 tokens (as GRPO samples them), old log-probs, rewards, and the shuffle's
+    micro-batches mix the groups."""
+    out = []
+    for i in range(8):
+        g = i // 4
+        prompt = [5 + (g * 7 + k) % 20 for k in range(6 + 4 * g)]
+        response = [10 + (i + k) % 15 for k in range(1 + (i * 5) % 6)]
+        out.append(Sample(prompt, response, [-1.0 - 0.1 * k for k in range(len(response))], float(i % 3 == 0), g))
+    return out
+
+
+def test_shared_forward_equals_padded(tiny_checkpoint):
+    t = _trainer(tiny_checkpoint)
+    model = t.engine.module.eval()
+    samples = _groups()
+    with torch.no_grad():
+        padded = _collate(samples, {}, t.tokenizer.pad_token_id)
+        shared = _collate(samples, {}, t.tokenizer.pad_token_id, pack=True, share=True)
+        lp_pad, logits_pad = t._forward(padded, model)
+        lp_sh, logits_sh = t._forward(shared, model)
+    assert shared.packed.attention_mask is not None
+    assert shared.packed.input_ids.numel() < _collate(samples, {}, 0, pack=True).packed.input_ids.numel()
+    keep = padded.mask.bool()
+    assert torch.allclose(lp_sh[keep], lp_pad[keep], atol=1e-5)
+    assert not torch.equal(lp_sh[keep], torch.zeros_like(lp_sh[keep]))
+    from rlpipe.algorithms.functional import entropy_from_logits
+
+    ent_pad = entropy_from_logits(logits_pad)[keep]
+    assert torch.allclose(shared.unpack(entropy_from_logits(logits_sh))[keep], ent_pad, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", [{"loss_agg_mode": "seq_mean_token_mean", "entropy_coef": 0.01},
+                                    {"algorithm": "dapo", "kl_coef": 0.05},
+                                    {"algorithm": "ppo", "critic": {"lr": 1e-3}}])
+def test_an_update_shared_equals_padded(tiny_checkpoint, preset, monkeypatch):
+    """One optimizer step over two micro-batches of mixed groups: the same losses, statistics (the reference's
+    KL and the critic's pass before the step included) and weights as padded."""
+    monkeypatch.setattr(trainer_mod, "PACK_MIN_SAVING", 0.0)  # share wherever a prompt repeats
+    shared = []
+    real = trainer_mod._pack_shared
+    monkeypatch.setattr(trainer_mod, "_pack_shared", lambda *a: shared.append(a[1]) or real(*a))
+    runs = {}
+    for pack in (False, True):
+        t = _trainer(tiny_checkpoint, pack_sequences=pack, share_prompts=pack, **preset)
+        m = t.update(_groups(), 0)
+        runs[pack] = (m, {k: v.detach().clone() for k, v in t.engine.module.state_dict().items()})
+    (m0, w0), (m1, w1) = runs[False], runs[True]
+    assert m0["optimizer_steps"] == m1["optimizer_steps"] == 1 and m0["tokens"] == m1["tokens"]
+    keys = ["loss", "pg_loss", "entropy", "clip_frac", "mismatch/abs_mean", "grad_norm"]
+    if "kl_coef" in preset:
+        keys += ["kl", "kl_loss"]
+    if preset.get("algorithm") == "ppo":
+        keys += ["vf_loss", "value_mse", "explained_variance"]
+    for key in keys:
+        assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
+    moved = max(float((w1[k] - w0[k]).abs().max()) for k in w0)
+    assert moved < 5e-5
+    assert len(shared) >= 2 and all(any(len(members) > 1 for _, members in units) for units in shared)
+
+
+class _NoMask(torch.nn.Module):
+    """A model whose forward drops the attention mask: a response would attend to its neighbours."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = None
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache)
+
+
+def test_a_model_that_ignores_the_mask_is_refused(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    assert check_packing(model, "tiny", share=True) <= 1e-5
+    assert check_packing(_NoMask(model), "no-mask") <= 1e-5  # plain packing needs no mask
+    with pytest.raises(ValueError, match="train.share_prompts: false"):
+        check_packing(_NoMask(model), "no-mask", share=True)
+
+
+def test_sharing_needs_packing():
+    assert TrainConfig(pack_sequences=False).share_prompts  # the default is harmless without packing
+    with pytest.raises(ValueError, match="share_prompts needs train.pack_sequences"):
+        TrainConfig(pack_sequences=False, share_prompts=True)
+
+
+def test_the_mask_moves_with_the_micro_batch():
+    micro = _collate(_three(), {}, 0, pack=True, share=True)
+    assert micro.packed.attention_mask is not None
+    moved = micro.to(torch.device("meta"))
+    assert moved.packed.attention_mask.device.type == "meta"
+    assert moved.packed.attention_mask.shape == micro.packed.attention_mask.shape
