@@ -383,6 +383,13 @@ class TrainConfig(_Strict):
         None, gt=1, description="Dual-clip bound c > 1: tokens with negative advantage lose at most −A·c (null: off)."
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each iteration's samples.")
+    shuffle: Literal["samples", "groups"] = Field(
+        "samples", description="How an iteration's samples are dealt into mini-batches (a seeded order per iteration "
+        "and epoch, the same after a resume). samples: each sample on its own, as TRL and OpenRLHF deal them; groups: "
+        "whole groups (the samples of one prompt) in a shuffled order of groups, as verl's unshuffled mini-batches "
+        "keep them, so a mini-batch holds fewer prompts and train.share_prompts computes each of them once for up to "
+        "rollout.samples_per_prompt responses."
+    )
     mask_truncated: bool = Field(
         False, description="DAPO overlong filtering: responses cut at max_new_tokens take no part in the loss."
     )

@@ -2,6 +2,8 @@
 (each response attends to the prompt and to itself). The layout is exact, the forward and an update equal the
 padded ones up to float rounding, a model that ignores the attention mask is refused, and the key needs packing."""
 
+import math
+
 import pytest
 import torch
 
@@ -172,3 +174,37 @@ def test_the_mask_moves_with_the_micro_batch():
     moved = micro.to(torch.device("meta"))
     assert moved.packed.attention_mask.device.type == "meta"
     assert moved.packed.attention_mask.shape == micro.packed.attention_mask.shape
+
+
+def _order(shuffle: str, samples: list[Sample], seed: int) -> list[int]:
+    import random
+    from types import SimpleNamespace
+
+    return PolicyTrainer._order(SimpleNamespace(cfg=TrainConfig(shuffle=shuffle)), samples, random.Random(seed))
+
+
+def test_shuffle_groups_deals_whole_groups():
+    """3 groups × 4 (interleaved on arrival): 'groups' yields each group's samples together, the groups in a
+    seeded order; 'samples' (the default) a permutation that mixes them. Both repeat for the same seed."""
+    samples = [Sample([1], [2], [0.0], 0.0, i % 3) for i in range(12)]
+    by_group = _order("groups", samples, 7)
+    assert sorted(by_group) == list(range(12))
+    blocks = [{samples[i].group for i in by_group[k : k + 4]} for k in range(0, 12, 4)]
+    assert all(len(b) == 1 for b in blocks) and {g for b in blocks for g in b} == {0, 1, 2}
+    assert _order("groups", samples, 7) == by_group
+    assert len({tuple(_order("groups", samples, s)) for s in range(20)}) > 1  # the order of groups is shuffled
+    mixed = _order("samples", samples, 7)
+    assert sorted(mixed) == list(range(12)) and mixed == _order("samples", samples, 7)
+    assert any(len({samples[i].group for i in mixed[k : k + 4]}) > 1 for k in range(0, 12, 4))
+
+
+def test_an_update_by_groups_shares_each_prompt_once(tiny_checkpoint, monkeypatch):
+    """With train.shuffle 'groups' the two micro-batches are the two groups: one unit of 4 responses each."""
+    seen = []
+    real = trainer_mod._pack_shared
+    monkeypatch.setattr(trainer_mod, "_pack_shared", lambda *a: seen.append(a[1]) or real(*a))
+    t = _trainer(tiny_checkpoint, shuffle="groups")
+    seen.clear()  # the start's check of the layout
+    m = t.update(_groups(), 0)
+    assert m["optimizer_steps"] == 1 and math.isfinite(m["loss"])
+    assert [[len(members) for _, members in units] for units in seen] == [[4], [4]]

@@ -654,9 +654,7 @@ class PolicyTrainer:
         if self.critic is not None:
             self.critic.train()
         for epoch in range(self.cfg.ppo_epochs):
-            # A seeded shuffle per iteration and epoch: identical on every rank and after a resume.
-            order = list(range(len(valid)))
-            random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch).shuffle(order)
+            order = self._order(valid, random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch))
             for start in range(0, len(order), self.cfg.batch_size):
                 first = epoch == 0 and start == 0  # the policy has not moved yet: it is the sampling policy
                 ok = self._minibatch(valid, prep, order[start : start + self.cfg.batch_size], sums, norms,
@@ -664,6 +662,20 @@ class PolicyTrainer:
                 steps += 1
                 skipped += 0 if ok else 1
         return sums, norms, steps, skipped
+
+    def _order(self, valid: Sequence[Sample], rng: random.Random) -> list[int]:
+        """The samples' order for one epoch's mini-batches (train.shuffle): a seeded shuffle of the samples, or of
+        whole groups; identical on every rank and after a resume."""
+        if self.cfg.shuffle == "samples":
+            order = list(range(len(valid)))
+            rng.shuffle(order)
+            return order
+        groups: dict[int, list[int]] = {}
+        for i, s in enumerate(valid):
+            groups.setdefault(s.group, []).append(i)
+        keys = list(groups)
+        rng.shuffle(keys)
+        return [i for g in keys for i in groups[g]]
 
     def _minibatch(self, valid: Sequence[Sample], prep: "_Prepared", idx: list[int], sums: dict[str, float],
                    norms: dict[str, list[float]], measure: bool = False) -> bool:
