@@ -54,7 +54,8 @@ def test_without_the_full_pass_the_first_step_measures_its_own_tokens(tiny_check
     random.Random(0 * 1_000_003 + 0).shuffle(order)  # PolicyTrainer._optimize's order: seed 0, iteration 0, epoch 0
     first, second = order[:4], order[4:]
     shift = {(first[0], 0): 0.5, (second[0], 0): 2.0}
-    trainer = _trainer(tiny_checkpoint, batch_size=4, micro_batch_size=2)
+    # shuffle 'samples': the order computed by hand above is that dealing's (test_sharing.py covers 'groups')
+    trainer = _trainer(tiny_checkpoint, batch_size=4, micro_batch_size=2, shuffle="samples")
     m = trainer.update(_samples(trainer, lambda i, t: shift.get((i, t), 0.0)), 0)
     tokens = sum(1 + i % 3 for i in first)
     assert m["optimizer_steps"] == 2 and m["mismatch/tokens"] == tokens
@@ -159,7 +160,7 @@ def test_two_steps_equal_clipped_adamw_by_hand(tiny_checkpoint):
     import random
 
     clip, lr = 0.01, 1e-3
-    trainer = _trainer(tiny_checkpoint, batch_size=4, micro_batch_size=2, grad_clip=clip, lr=lr)
+    trainer = _trainer(tiny_checkpoint, batch_size=4, micro_batch_size=2, grad_clip=clip, lr=lr, shuffle="samples")
     samples = _samples(trainer)
     m = trainer.update(samples, 0)
     order = list(range(8))
