@@ -387,8 +387,8 @@ class TrainConfig(_Strict):
         "groups", description="How an iteration's samples are dealt into mini-batches (a seeded order per iteration "
         "and epoch, the same after a resume). groups: whole groups (the samples of one prompt) in a shuffled order of "
         "groups, as a split of the batch in generation order keeps them, so a mini-batch holds fewer prompts and "
-        "train.share_prompts computes each of them once for up to rollout.samples_per_prompt responses (the demo's "
-        "update 30-40% shorter; held-out accuracy over 4 seeds within their spread, benchmarks/README.md). samples: "
+        "train.share_prompts computes each of them once for up to rollout.samples_per_prompt responses (at the demo's size "
+        "the update is 28-49% shorter over 4 seeds, held-out accuracy within their spread: benchmarks/README.md). samples: "
         "each sample on its own, as TRL's GRPOTrainer shuffles them. Advantages are computed over the whole batch "
         "before either."
     )
