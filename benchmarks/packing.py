@@ -29,12 +29,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def positions(trainer, batch: list, micro: int) -> dict[str, int]:
     """Positions the forward computes over one update's micro-batches (in the update's shuffled order): padded,
     and as the trainer lays them."""
-    import random
-
     from rlpipe.training.trainer import _collate
 
-    order = list(range(len(batch)))
-    random.Random(trainer.seed * 1_000_003 + 1).shuffle(order)  # the first timed update's order (_optimize)
+    order = trainer._order(batch, 1, 0)  # the first timed update's order
     padded = laid = 0
     for start in range(0, len(batch), micro):
         m = _collate([batch[i] for i in order[start : start + micro]], {}, trainer.tokenizer.pad_token_id,

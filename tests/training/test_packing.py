@@ -77,19 +77,21 @@ def test_packed_forward_equals_padded(tiny_checkpoint):
     assert torch.allclose(ent_pack, ent_pad, atol=1e-5)
 
 
-@pytest.mark.parametrize("preset", [{"loss_agg_mode": "seq_mean_token_mean", "entropy_coef": 0.01},
-                                    {"algorithm": "dapo"}, {"algorithm": "ppo", "critic": {"lr": 1e-3}}])
-def test_an_update_packed_equals_padded(tiny_checkpoint, preset):
-    """One optimizer step of two micro-batches: the same losses, statistics and weights (float rounding)."""
-    runs = {}
-    for pack in (False, True):
-        t = _trainer(tiny_checkpoint, pack_sequences=pack, **preset)
-        m = t.update(_samples(), 0)
-        runs[pack] = (m, {k: v.detach().clone() for k, v in t.engine.module.state_dict().items()})
-    (m0, w0), (m1, w1) = runs[False], runs[True]
+def same_update_as_padded(model_dir, samples: list[Sample], preset: dict, **layout) -> None:
+    """One update padded and one in ``layout`` (TrainConfig keys) from the same checkpoint and samples: the same
+    losses and statistics (the reference's KL and the critic's where the preset has them) and weights, up to float
+    rounding."""
+    runs = []
+    for cfg in ({"pack_sequences": False}, layout):
+        t = _trainer(model_dir, **cfg, **preset)
+        m = t.update(samples, 0)
+        runs.append((m, {k: v.detach().clone() for k, v in t.engine.module.state_dict().items()}))
+    (m0, w0), (m1, w1) = runs
     assert m0["optimizer_steps"] == m1["optimizer_steps"] == 1 and m0["tokens"] == m1["tokens"]
     keys = ["loss", "pg_loss", "entropy", "clip_frac", "mismatch/abs_mean", "grad_norm"]
-    if preset.get("algorithm") == "ppo":  # the critic's pass before the first step and its loss, packed too
+    if "kl_coef" in preset:
+        keys += ["kl", "kl_loss"]
+    if preset.get("algorithm") == "ppo":  # the critic's pass before the first step and its loss, in the layout too
         keys += ["vf_loss", "value_mse", "explained_variance"]
     for key in keys:
         assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
@@ -99,18 +101,30 @@ def test_an_update_packed_equals_padded(tiny_checkpoint, preset):
     assert moved < 5e-5
 
 
-class _Unpacked(torch.nn.Module):
-    """A model whose forward drops position ids: packed sequences would attend to each other."""
+@pytest.mark.parametrize("preset", [{"loss_agg_mode": "seq_mean_token_mean", "entropy_coef": 0.01},
+                                    {"algorithm": "dapo"}, {"algorithm": "ppo", "critic": {"lr": 1e-3}}])
+def test_an_update_packed_equals_padded(tiny_checkpoint, preset):
+    """One optimizer step of two micro-batches: the same losses, statistics and weights (float rounding)."""
+    same_update_as_padded(tiny_checkpoint, _samples(), preset, pack_sequences=True)
 
-    def __init__(self, inner):
+
+class Dropping(torch.nn.Module):
+    """A model whose forward drops an input a packed layout relies on: ``"position_ids"`` (packed sequences would
+    attend to each other) or ``"mask"``, a 4D attention mask (a response would attend to its neighbours)."""
+
+    def __init__(self, inner, drop: str):
         super().__init__()
-        self.inner = inner
+        self.inner, self.drop = inner, drop
 
     def get_input_embeddings(self):
         return self.inner.get_input_embeddings()
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+        if self.drop == "position_ids":
+            position_ids = None
+        elif attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = None
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache)
 
 
 def test_a_model_that_mixes_packed_sequences_is_refused(tiny_checkpoint):
@@ -119,7 +133,7 @@ def test_a_model_that_mixes_packed_sequences_is_refused(tiny_checkpoint):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
     assert check_packing(model, "tiny") <= 1e-5
     with pytest.raises(ValueError, match="train.pack_sequences: false"):
-        check_packing(_Unpacked(model), "unpacked-model")
+        check_packing(Dropping(model, "position_ids"), "unpacked-model")
 
 
 def test_a_micro_batch_moves_whole_to_the_engines_device(monkeypatch):

@@ -11,6 +11,7 @@ from rlpipe.config import TrainConfig
 from rlpipe.storage.samples import Sample
 from rlpipe.training import trainer as trainer_mod
 from rlpipe.training.trainer import PolicyTrainer, _collate, _pack_shared, _units, check_packing
+from tests.training.test_packing import Dropping, _trainer, same_update_as_padded
 
 
 def _three() -> list[Sample]:
@@ -69,12 +70,6 @@ def test_collate_shares_only_where_it_saves():
     assert _collate(groups, {}, 0, pack=True, share=False).packed is None  # equal lengths: no padding to pack away
 
 
-def _trainer(model_dir, **cfg) -> PolicyTrainer:
-    torch.set_num_threads(1)
-    base = {"batch_size": 8, "micro_batch_size": 4, "lr": 1e-3}
-    return PolicyTrainer(model_dir=str(model_dir), cfg=TrainConfig(**(base | cfg)), seed=0, max_new_tokens=6)
-
-
 def _groups() -> list[Sample]:
     """2 prompts × 4 responses of 1–6 tokens (as GRPO samples them), old log-probs, rewards, and the shuffle's
     micro-batches mix the groups."""
@@ -117,39 +112,8 @@ def test_an_update_shared_equals_padded(tiny_checkpoint, preset, monkeypatch):
     shared = []
     real = trainer_mod._pack_shared
     monkeypatch.setattr(trainer_mod, "_pack_shared", lambda *a: shared.append(a[1]) or real(*a))
-    runs = {}
-    for pack in (False, True):
-        t = _trainer(tiny_checkpoint, pack_sequences=pack, share_prompts=pack, **preset)
-        m = t.update(_groups(), 0)
-        runs[pack] = (m, {k: v.detach().clone() for k, v in t.engine.module.state_dict().items()})
-    (m0, w0), (m1, w1) = runs[False], runs[True]
-    assert m0["optimizer_steps"] == m1["optimizer_steps"] == 1 and m0["tokens"] == m1["tokens"]
-    keys = ["loss", "pg_loss", "entropy", "clip_frac", "mismatch/abs_mean", "grad_norm"]
-    if "kl_coef" in preset:
-        keys += ["kl", "kl_loss"]
-    if preset.get("algorithm") == "ppo":
-        keys += ["vf_loss", "value_mse", "explained_variance"]
-    for key in keys:
-        assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
-    moved = max(float((w1[k] - w0[k]).abs().max()) for k in w0)
-    assert moved < 5e-5
+    same_update_as_padded(tiny_checkpoint, _groups(), preset, pack_sequences=True, share_prompts=True)
     assert len(shared) >= 2 and all(any(len(members) > 1 for _, members in units) for units in shared)
-
-
-class _NoMask(torch.nn.Module):
-    """A model whose forward drops the attention mask: a response would attend to its neighbours."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def get_input_embeddings(self):
-        return self.inner.get_input_embeddings()
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
-        if attention_mask is not None and attention_mask.dim() == 4:
-            attention_mask = None
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache)
 
 
 def test_a_model_that_ignores_the_mask_is_refused(tiny_checkpoint):
@@ -157,9 +121,9 @@ def test_a_model_that_ignores_the_mask_is_refused(tiny_checkpoint):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
     assert check_packing(model, "tiny", share=True) <= 1e-5
-    assert check_packing(_NoMask(model), "no-mask") <= 1e-5  # plain packing needs no mask
+    assert check_packing(Dropping(model, "mask"), "no-mask") <= 1e-5  # plain packing needs no mask
     with pytest.raises(ValueError, match="train.share_prompts: false"):
-        check_packing(_NoMask(model), "no-mask", share=True)
+        check_packing(Dropping(model, "mask"), "no-mask", share=True)
 
 
 def test_sharing_needs_packing():
@@ -177,10 +141,9 @@ def test_the_mask_moves_with_the_micro_batch():
 
 
 def _order(shuffle: str, samples: list[Sample], seed: int) -> list[int]:
-    import random
     from types import SimpleNamespace
 
-    return PolicyTrainer._order(SimpleNamespace(cfg=TrainConfig(shuffle=shuffle)), samples, random.Random(seed))
+    return PolicyTrainer._order(SimpleNamespace(cfg=TrainConfig(shuffle=shuffle), seed=seed), samples, 0, 0)
 
 
 def test_shuffle_groups_deals_whole_groups():

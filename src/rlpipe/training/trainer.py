@@ -655,7 +655,7 @@ class PolicyTrainer:
         if self.critic is not None:
             self.critic.train()
         for epoch in range(self.cfg.ppo_epochs):
-            order = self._order(valid, random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch))
+            order = self._order(valid, iteration, epoch)
             for start in range(0, len(order), self.cfg.batch_size):
                 first = epoch == 0 and start == 0  # the policy has not moved yet: it is the sampling policy
                 ok = self._minibatch(valid, prep, order[start : start + self.cfg.batch_size], sums, norms,
@@ -664,9 +664,10 @@ class PolicyTrainer:
                 skipped += 0 if ok else 1
         return sums, norms, steps, skipped
 
-    def _order(self, valid: Sequence[Sample], rng: random.Random) -> list[int]:
-        """The samples' order for one epoch's mini-batches (train.shuffle): a seeded shuffle of the samples, or of
-        whole groups; identical on every rank and after a resume."""
+    def _order(self, valid: Sequence[Sample], iteration: int, epoch: int) -> list[int]:
+        """The samples' order for one epoch's mini-batches (train.shuffle): a shuffle of the samples, or of whole
+        groups, seeded by the run's seed, the iteration and the epoch: identical on every rank and after a resume."""
+        rng = random.Random(self.seed * 1_000_003 + iteration + 7_919 * epoch)
         if self.cfg.shuffle == "samples":
             order = list(range(len(valid)))
             rng.shuffle(order)
