@@ -135,3 +135,41 @@ def test_ppo_resume_restores_policy_critic_and_kl_controller(tiny_checkpoint, tm
     for (name, pa_), (_, pb) in zip(a.critic.module.named_parameters(), b.critic.module.named_parameters()):
         assert torch.equal(pa_, pb), name
     assert m1["vf_loss"] > 0 and m1["kl_coef"] > m0["kl_coef"]
+
+
+def _grpo_trainer(model_dir, resume_dir=None):
+    from rlpipe.config import TrainConfig
+    from rlpipe.training.trainer import PolicyTrainer
+
+    cfg = TrainConfig(algorithm="grpo", batch_size=16, micro_batch_size=8, lr=1e-3)
+    return PolicyTrainer(model_dir=str(model_dir), cfg=cfg, seed=3, resume_dir=resume_dir and str(resume_dir), max_new_tokens=5)
+
+
+@pytest.mark.parametrize("layout", ["module_left_out", "module_inside"])
+def test_the_deepspeed_state_holds_the_optimizer_not_the_weights_again(tiny_checkpoint, tmp_path, layout):
+    """A save point writes the weights once (the HF safetensors the trainer is rebuilt from) and the optimizer in
+    DeepSpeed's checkpoint; resuming lands on the uninterrupted trainer's weights, Adam moments included. A state
+    saved before the module was left out (its weights inside DeepSpeed's file) still resumes the same."""
+    from tests.helpers.dist_update import fixed_batch
+
+    torch.set_num_threads(1)
+    batch0, batch1 = fixed_batch(16), fixed_batch(32)[16:]
+    a = _grpo_trainer(tiny_checkpoint)
+    a.update(batch0, 0)
+    if layout == "module_left_out":
+        a.save(tmp_path / "state")
+    else:  # the layout of earlier versions
+        a.export_weights(tmp_path / "state")
+        a.engine.save_checkpoint(str(tmp_path / "state" / "deepspeed"), tag="state", save_latest=False)
+        (tmp_path / "state" / "trainer_state.json").write_text(json.dumps(dict(a.state) | {"world_size": 1}))
+    ds = torch.load(tmp_path / "state" / "deepspeed" / "state" / "mp_rank_00_model_states.pt", weights_only=False)
+    moments = [t for s in ds["optimizer"]["state"].values() for t in s.values() if torch.is_tensor(t) and t.numel() > 1]
+    assert sum(t.numel() for t in moments) == 2 * sum(p.numel() for p in a.module.parameters())  # exp_avg, exp_avg_sq
+    assert (len(ds["module"]) == 0) == (layout == "module_left_out")
+    assert "module_state_dict" not in vars(a.engine)  # the engine's own method is back after the save
+    m1 = a.update(batch1, 1)
+    b = _grpo_trainer(tiny_checkpoint, resume_dir=tmp_path / "state")
+    m1b = b.update(batch1, 1)
+    assert m1["loss"] == pytest.approx(m1b["loss"], rel=1e-6, abs=1e-9) and m1["grad_norm"] == m1b["grad_norm"]
+    for (name, pa_), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters()):
+        assert torch.equal(pa_, pb), name

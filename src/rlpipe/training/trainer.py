@@ -30,6 +30,7 @@ import math
 import os
 import random
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -853,7 +854,8 @@ class PolicyTrainer:
         """A resumable checkpoint: HF weights + tokenizer + DeepSpeed optimizer state (+ the critic's) + trainer state."""
         folder = Path(folder)
         digest = self.export_weights(folder)
-        self.engine.save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
+        with _module_left_out(self.engine):  # the HF weights above are the module's: not written twice
+            self.engine.save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
         if self.critic is not None:
             self.critic.save_checkpoint(str(folder / "critic"), tag="state", save_latest=False)
         if self.rank == 0:
@@ -867,7 +869,8 @@ class PolicyTrainer:
         if self.cfg.zero_stage > 0 and int(saved.get("world_size", self.world)) != self.world:
             raise ValueError(f"{folder} was saved by {saved['world_size']} rank(s) with ZeRO stage {self.cfg.zero_stage}, "
                              f"which splits the optimizer state by rank; resume it with {saved['world_size']} rank(s)")
-        path, _ = self.engine.load_checkpoint(str(folder / "deepspeed"), tag="state", load_optimizer_states=True)
+        path, _ = self.engine.load_checkpoint(str(folder / "deepspeed"), tag="state", load_optimizer_states=True,
+                                              custom_load_fn=_module_from_hf_weights)
         if path is None:
             raise FileNotFoundError(f"{folder}/deepspeed holds no DeepSpeed checkpoint 'state'")
         if self.critic is not None:
@@ -880,3 +883,24 @@ class PolicyTrainer:
         rng = folder / "rng.pt"
         if rng.exists():
             set_rng_state(torch.load(rng, weights_only=False))
+
+
+@contextmanager
+def _module_left_out(engine: Any):
+    """DeepSpeed's checkpoint without the module's weights. They are the HF weights saved beside it, from
+    which the trainer is built on resume (``from_pretrained(resume_dir)``), so writing them again cost a
+    third of every save (14 of 41 MB at the demo size). The optimizer state (with any fp32 master weights)
+    is saved as before."""
+    engine.module_state_dict = lambda *args, **kwargs: {}
+    try:
+        yield
+    finally:
+        del engine.module_state_dict
+
+
+def _module_from_hf_weights(src: dict[str, Any], dst: Any) -> None:
+    """Loads the module part of a DeepSpeed checkpoint: nothing when it was left out (the module already holds
+    the folder's HF weights, whose hash the resume checked); the weights themselves from a state saved
+    before they were left out."""
+    if src:
+        dst.load_state_dict(src)
