@@ -211,10 +211,19 @@ def _record(config: RunConfig, run_id: str, iteration: int, draws: list, metrics
 
 
 def _prune_states(run_id: str, keep: str) -> None:
+    """Only ``keep`` stays a save point; the newest other one becomes the spare that the next save writes over
+    (its pages reused, see RecyclingWrites), the rest are deleted."""
+    import os
     import shutil
 
-    from tasks.rl import run_dir
+    from tasks.rl import run_dir, spare_state_dir
 
-    for d in (run_dir(run_id) / "state").glob("iter=*"):
-        if str(d) != keep:
-            shutil.rmtree(d, ignore_errors=True)
+    old = sorted((d for d in (run_dir(run_id) / "state").glob("iter=*") if str(d) != keep),
+                 key=lambda d: int(d.name.partition("=")[2]))
+    if not old:
+        return
+    spare = spare_state_dir(run_id)
+    shutil.rmtree(spare, ignore_errors=True)
+    os.replace(old[-1], spare)
+    for d in old[:-1]:
+        shutil.rmtree(d, ignore_errors=True)

@@ -83,6 +83,11 @@ def state_dir(run_id: str, iteration: int) -> Path:
     return run_dir(run_id) / "state" / f"iter={iteration}"
 
 
+def spare_state_dir(run_id: str) -> Path:
+    """The last save point no longer needed: the next save writes its files over this one's (RecyclingWrites)."""
+    return run_dir(run_id) / "state" / "spare"
+
+
 def run_state(config: RunConfig, run_id: str) -> RunState:
     return RunState(_store(config), run_dir(run_id), run_id)
 
@@ -505,7 +510,7 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dic
     folder = state_dir(run_id, iteration)
     if folder.exists():
         shutil.rmtree(folder)
-    digest = svc.trainer.save(folder, extra_state=extra_state)
+    digest = svc.trainer.save(folder, extra_state=extra_state, spare=spare_state_dir(run_id))
     save_s = time.perf_counter() - start
     fault_point(iteration, "update")
     return {"metrics": metrics, "update_s": update_s, "save_s": save_s, "read_s": read_s,

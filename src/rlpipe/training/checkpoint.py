@@ -8,7 +8,9 @@ weights hash the same whether they sit in a trainer, in a safetensors file or in
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +21,8 @@ import torch
 
 TRAINER_STATE = "trainer_state.json"
 
-__all__ = ["file_weights_sha256", "load_checkpoint", "save_checkpoint", "weights_sha256", "rng_state", "set_rng_state"]
+__all__ = ["RecyclingWrites", "file_weights_sha256", "load_checkpoint", "save_checkpoint", "weights_sha256", "rng_state",
+           "set_rng_state"]
 
 
 def weights_sha256(named_tensors: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
@@ -106,3 +109,47 @@ def read_trainer_state(folder: str | Path, missing_ok: bool = False) -> dict[str
     if missing_ok and not path.exists():
         return {}
     return json.loads(path.read_text())
+
+
+class RecyclingWrites:
+    """A DeepSpeed checkpoint engine (wrapping its torch one) that writes each file over a spare one.
+
+    A save point's optimizer state is the same size every iteration. Written as a new file, it takes new
+    page-cache pages; on a VM that hands freed memory back to its host (free page reporting) the first touch of
+    such pages costs ~7 µs each, and the demo's 27.6 MB save took 16 ms or 150–210 ms at random (measured in
+    the loop, benchmarks/README.md). Serialised into a buffer kept from the last save and written over the file
+    of the same name in a save point that is no longer needed (``spare``, moved into place first), it takes
+    15 ms every time. The bytes written are torch.save's, as before; without a spare the file is new.
+    """
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.buffer = io.BytesIO()
+        self.folder: Path | None = None
+        self.spare: Path | None = None
+
+    def __getattr__(self, name: str) -> Any:  # everything but save is the wrapped engine's
+        return getattr(self.inner, name)
+
+    def recycle(self, folder: Path, spare: Path | None) -> "RecyclingWrites":
+        """Saves below ``folder`` may take their file's place from the same relative path below ``spare``."""
+        self.folder, self.spare = Path(folder), Path(spare) if spare else None
+        return self
+
+    def save(self, state_dict: dict[str, Any], path: str) -> None:
+        self.buffer.seek(0)
+        torch.save(state_dict, self.buffer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
+        size = self.buffer.tell()
+        if self.spare is not None and self.folder is not None:
+            old = self.spare / Path(path).relative_to(self.folder)
+            if old.is_file():
+                os.replace(old, path)  # the spare's inode, and its pages, become this file
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            with self.buffer.getbuffer() as view:
+                done = 0
+                while done < size:
+                    done += os.pwrite(fd, view[done:size], done)
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
