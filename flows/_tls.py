@@ -25,7 +25,7 @@ _contexts: dict[tuple, ssl.SSLContext] = {}
 
 
 def _key(args: tuple, kwargs: dict[str, Any]) -> tuple:
-    cafile = kwargs.get("cafile") or (args[1] if len(args) > 1 else None)
+    cafile = kwargs.get("cafile")  # keyword-only in ssl.create_default_context
     stamp = None
     if cafile:
         try:

@@ -224,6 +224,9 @@ def _prune_states(run_id: str, keep: str) -> None:
         return
     spare = spare_state_dir(run_id)
     shutil.rmtree(spare, ignore_errors=True)
-    os.replace(old[-1], spare)
+    try:
+        os.replace(old[-1], spare)
+    except OSError:  # a spare that could not be removed: no recycling next time, the old point still goes
+        shutil.rmtree(old[-1], ignore_errors=True)
     for d in old[:-1]:
         shutil.rmtree(d, ignore_errors=True)

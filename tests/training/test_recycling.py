@@ -97,3 +97,20 @@ def test_the_prune_keeps_the_save_point_and_one_spare(tmp_path, monkeypatch):
     assert (root / "spare" / "f").read_text() == "10"  # the newest save point that is no longer needed
     fi._prune_states("r", keep=str(root / "iter=11"))  # nothing else left: the spare stays
     assert (root / "spare" / "f").read_text() == "10"
+
+
+def test_a_prune_that_cannot_make_a_spare_still_deletes_the_old_points(tmp_path, monkeypatch):
+    from flows import iteration as fi
+    from tasks import rl
+
+    monkeypatch.setattr(rl, "run_dir", lambda run_id: tmp_path / run_id)
+    root = tmp_path / "r" / "state"
+    for k in (1, 2):
+        (root / f"iter={k}").mkdir(parents=True)
+
+    def refuse(src, dst):
+        raise OSError("the spare is in the way")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    fi._prune_states("r", keep=str(root / "iter=2"))
+    assert sorted(p.name for p in root.iterdir()) == ["iter=2"]

@@ -911,8 +911,8 @@ def _module_left_out(engine: Any):
 
 
 def _module_from_hf_weights(src: dict[str, Any], dst: Any) -> None:
-    """Loads the module part of a DeepSpeed checkpoint: nothing when it was left out (the module already holds
-    the folder's HF weights, whose hash the resume checked); the weights themselves from a state saved
-    before they were left out."""
+    """Loads the module part of a DeepSpeed checkpoint: nothing when it was left out (the trainer was built
+    from the same folder's HF weights, ``from_pretrained(resume_dir)``); the weights themselves from a state
+    saved before they were left out."""
     if src:
         dst.load_state_dict(src)
