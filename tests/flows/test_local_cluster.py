@@ -74,7 +74,10 @@ def test_a_run_on_the_local_cluster_survives_dead_services(tiny_checkpoint, tmp_
                                                                     "WORLD_SIZE") and not k.startswith("PREFECT_")}
         run_env |= env | {"RLPIPE_HOME": str(run_home), "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
         log, progress = tmp_path / "run.log", run_home / "runs" / "rl-cluster" / "progress.json"
-        run = _rlpipe(["run", "--run-id", "rl-cluster", *sets], run_env, log)
+        # Prefetch off in this attempt: a batch generated ahead before the kill would find the dead replica at
+        # the weight sync, not in generation, and nothing would be rerouted. The resume turns it on again
+        # (an operational key), with the same batches.
+        run = _rlpipe(["run", "--run-id", "rl-cluster", *sets, "--set", "rollout.prefetch=false"], run_env, log)
         _wait_for_iteration(run, progress, 0)
         pids = {c["name"]: c["pid"] for c in stack["components"]}
         os.killpg(pids["rollout-0"], signal.SIGKILL)
