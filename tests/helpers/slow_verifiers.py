@@ -1,6 +1,7 @@
 """Verifiers that misbehave on purpose, loaded into pool workers as a plugin by the tests."""
 
 import os
+import sys
 import time
 
 from rlpipe.rewards.base import VerifyResult, register_verifier
@@ -44,3 +45,9 @@ def flaky(response: str, ground_truth: str | None) -> VerifyResult:
 def zero(response: str, ground_truth: str | None) -> VerifyResult:
     """A reward no policy can earn: every batch is flat at 0 (the reward_flat alert's deliberate trigger)."""
     return VerifyResult(0.0, "ok")
+
+
+@register_verifier("test_warm", version="1")
+def warm(response: str, ground_truth: str | None) -> VerifyResult:
+    """1 when the worker gives its verdict with math-verify and sympy already imported, 0 when cold."""
+    return VerifyResult(float(all(m in sys.modules for m in ("math_verify", "sympy", "latex2sympy2_extended"))), "ok")

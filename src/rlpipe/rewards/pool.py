@@ -85,10 +85,10 @@ class VerifierPool:
         self.options = {k: dict(v) for k, v in (options or {}).items()}
         check_options(self.options)
         # forkserver: workers fork from a small clean process, not from this one (which may hold
-        # torch/vLLM threads), and a replacement starts in milliseconds.
+        # torch/vLLM threads), and a replacement starts in milliseconds, math-verify already imported.
         self._ctx = mp.get_context("forkserver" if os.name == "posix" else "spawn")
         if os.name == "posix":
-            self._ctx.set_forkserver_preload(["rlpipe.rewards", *plugins])
+            self._ctx.set_forkserver_preload(["rlpipe.rewards", "rlpipe.rewards._warm", *plugins])
         self.plugins = tuple(plugins)
         self.grace_s = grace_s
         self._workers = [_Worker(self._ctx, self.plugins) for _ in range(workers)]
