@@ -1,9 +1,14 @@
 """The vLLM engine's sampled completions: text, log-probs and seeds (the engine decodes the text itself)."""
 
+import dataclasses
 import math
+import threading
+
+import pytest
 
 from rlpipe.rollout.base import SamplingConfig
 from rlpipe.rollout.engines import get_engine
+from rlpipe.rollout.vllm_engine import STALL_STEPS, EngineStalled
 
 
 def test_sampled_completions_carry_their_text_and_their_tokens_logprobs(tiny_checkpoint):
@@ -26,3 +31,92 @@ def test_sampled_completions_carry_their_text_and_their_tokens_logprobs(tiny_che
     assert [[c.token_ids for c in g] for g in same] == [[c.token_ids for c in g] for g in out]
     other = engine.generate(prompts, SamplingConfig(n=4, temperature=1.0, max_new_tokens=6, seed=4))
     assert [[c.token_ids for c in g] for g in other] != [[c.token_ids for c in g] for g in out]
+
+
+def _in_thread(fn, timeout_s: float = 120.0) -> dict:
+    """Run ``fn`` where a hang fails the test instead of the suite."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), "the engine is still spinning"
+    return box
+
+
+def _tokens(out) -> list:
+    return [[c.token_ids for c in g] for g in out]
+
+
+@pytest.fixture()
+def engine_and_scheduler(tiny_checkpoint):
+    engine = get_engine("vllm", tiny_checkpoint, max_model_len=64)
+    scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
+    prompts = [engine.tokenizer(p, add_special_tokens=False)["input_ids"] for p in ("12+34=", "7+8=", "99+1=", "5+5=")]
+    return engine, scheduler, prompts, SamplingConfig(n=4, temperature=1.0, max_new_tokens=6, seed=11)
+
+
+def _idle(engine, scheduler) -> bool:
+    return not engine.llm.llm_engine.output_processor.request_states and not scheduler.running and not scheduler.waiting
+
+
+def test_a_call_that_fails_mid_step_leaves_no_request_behind(engine_and_scheduler, monkeypatch):
+    engine, scheduler, prompts, sampling = engine_and_scheduler
+    want = engine.generate(prompts, sampling)
+    real, calls = scheduler.update_from_output, []
+
+    def fails_once(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:  # after the step was scheduled: its requests hold computed tokens and no output
+            raise RuntimeError("injected fault in the middle of a step")
+        return real(*a, **k)
+
+    monkeypatch.setattr(scheduler, "update_from_output", fails_once)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        engine.generate(prompts, sampling)
+    assert _idle(engine, scheduler)  # left in the engine, they kept every later generate spinning
+    box = _in_thread(lambda: engine.generate(prompts, sampling))
+    assert "err" not in box and _tokens(box["out"]) == _tokens(want)
+
+
+def test_a_stalled_engine_raises_instead_of_spinning(engine_and_scheduler, monkeypatch):
+    engine, scheduler, prompts, sampling = engine_and_scheduler
+    want = engine.generate(prompts, sampling)
+    real, calls = scheduler.update_from_output, []
+
+    def loses_the_first_tokens(scheduler_output, model_output):
+        calls.append(1)  # the prefill is computed, its sampled tokens never arrive: the state seen in a hang
+        if len(calls) == 1:
+            model_output = dataclasses.replace(model_output, sampled_token_ids=[[] for _ in model_output.req_ids],
+                                               logprobs=None)
+        return real(scheduler_output, model_output)
+
+    monkeypatch.setattr(scheduler, "update_from_output", loses_the_first_tokens)
+    box = _in_thread(lambda: engine.generate(prompts, sampling), timeout_s=60)
+    assert isinstance(box.get("err"), EngineStalled), box
+    assert "16 running request(s)" in str(box["err"]) and "aborted" in str(box["err"])
+    assert _idle(engine, scheduler) and len(calls) <= 1 + STALL_STEPS
+    monkeypatch.setattr(scheduler, "update_from_output", real)
+    assert _tokens(engine.generate(prompts, sampling)) == _tokens(want)
+
+
+def test_two_threads_take_turns_on_one_engine(engine_and_scheduler):
+    """A batch generated ahead runs in a thread of its own while the flow may call the engine too."""
+    engine, scheduler, prompts, sampling = engine_and_scheduler
+    other = SamplingConfig(n=2, temperature=1.0, max_new_tokens=6, seed=12)
+    want = (_tokens(engine.generate(prompts, sampling)), _tokens(engine.generate(prompts[:2], other)))
+    for _ in range(3):
+        boxes = [{}, {}]
+        threads = [threading.Thread(target=lambda b=b, p=p, s=s: b.update(out=_tokens(engine.generate(p, s))))
+                   for b, p, s in ((boxes[0], prompts, sampling), (boxes[1], prompts[:2], other))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert (boxes[0].get("out"), boxes[1].get("out")) == want

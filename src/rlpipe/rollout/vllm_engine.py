@@ -7,18 +7,42 @@ tensor of the folder must be consumed), and every parameter vLLM still holds in 
 read back and compared with what it was fed (on CUDA that is all of them; on CPU vLLM repacks
 linear weights for oneDNN, so those are covered by the probe: :mod:`rlpipe.rollout.probe`). The read-back
 must compare at least one tensor and assumes tensor parallel size 1.
+
+vLLM's ``LLM`` is not safe to call from two threads (a batch generated ahead runs in a thread of its own), and
+a call that raises leaves its requests in the engine, where every later ``generate`` spins on them for ever. So
+the engine takes one call at a time, aborts what a failed call left behind, and raises :class:`EngineStalled`
+when requests sit in the running queue with nothing left to schedule (seen once: a 16-request batch with its
+prompts computed and no token sampled, the step loop busy for good).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
 from rlpipe.training.checkpoint import file_weights_sha256, weights_sha256
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+STALL_STEPS = 3  # consecutive engine steps with a running request that no step can schedule
+
+
+class EngineStalled(RuntimeError):
+    """vLLM holds running requests that no step can advance: a fault of the engine, not of the policy."""
+
+
+def _stuck(scheduler: Any) -> list[str]:
+    """Running requests whose whole context is computed with no token left to sample: no step schedules them."""
+    return [r.request_id for r in scheduler.running
+            if r.num_computed_tokens >= r.num_tokens_with_spec + r.num_output_placeholders]
+
 
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -106,6 +130,48 @@ class VLLMEngine:
         )
         self.tokenizer = self.llm.get_tokenizer()
         self._sha = file_weights_sha256(self.model_dir)
+        self._lock = threading.RLock()
+        self._guard_steps()
+
+    def _guard_steps(self) -> None:
+        """Check after each engine step that no running request is stuck (in-process engine core only)."""
+        engine = self.llm.llm_engine
+        scheduler = getattr(getattr(getattr(engine, "engine_core", None), "engine_core", None), "scheduler", None)
+        if scheduler is None or not hasattr(scheduler, "running"):
+            log.info("vLLM's scheduler is not in this process: the stall check is off")
+            return
+        step, seen = engine.step, [0]
+
+        def guarded_step() -> Any:
+            out = step()
+            stuck = _stuck(scheduler)
+            seen[0] = seen[0] + 1 if stuck else 0
+            if seen[0] >= STALL_STEPS:
+                seen[0] = 0
+                raise EngineStalled(
+                    f"vLLM stalled: {len(stuck)} running request(s) (e.g. {stuck[0]}) have their whole context computed "
+                    f"and no token sampled, so no step can schedule them ({STALL_STEPS} steps in a row); they were "
+                    "aborted. An engine fault, not the policy's: the call can be made again")
+            return out
+
+        engine.step = guarded_step
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """One call into the engine at a time; a call that fails (or one before it) leaves no request behind."""
+        with self._lock:
+            self._abort_unfinished(f"before {what}")
+            try:
+                return fn()
+            except BaseException:
+                self._abort_unfinished(f"after a failed {what}")
+                raise
+
+    def _abort_unfinished(self, when: str) -> None:
+        engine = self.llm.llm_engine
+        ids = list(engine.output_processor.request_states)
+        if ids:
+            log.warning("vLLM: aborting %d unfinished request(s) %s", len(ids), when)
+            engine.abort_request(ids, internal=True)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -126,7 +192,8 @@ class VLLMEngine:
             )
             for i in range(len(prompts))
         ]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = self._call("generate", lambda: self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                                use_tqdm=False))
         outputs = [sorted(out.outputs, key=lambda o: o.index) for out in outs]
         ids = [list(o.token_ids) for group in outputs for o in group]
         texts = iter(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
@@ -145,6 +212,10 @@ class VLLMEngine:
         return result
 
     def load_weights(self, folder: str | Path) -> str:
+        with self._lock:  # never while another thread generates
+            return self._load_weights(folder)
+
+    def _load_weights(self, folder: str | Path) -> str:
         from safetensors.torch import load_file
 
         tensors: dict[str, torch.Tensor] = {}
@@ -183,8 +254,8 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": p + c} for p, c in zip(prompts, continuations)], params,
-                                 use_tqdm=False)
+        outs = self._call("sequence_logprobs", lambda: self.llm.generate(
+            [{"prompt_token_ids": p + c} for p, c in zip(prompts, continuations)], params, use_tqdm=False))
         return [[float(o.prompt_logprobs[len(p) + j][tok].logprob) for j, tok in enumerate(c)]
                 for o, p, c in zip(outs, prompts, continuations)]
 
