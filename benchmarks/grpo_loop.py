@@ -19,6 +19,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,47 @@ def engine_throughput(kind: str, model_dir: str, prompts: list[list[int]], repea
         rates.append(sum(len(c.token_ids) for o in outs for c in o) / dt)
     return {"start_s": round(start_s, 2), "tokens_per_s": round(statistics.median(rates), 1),
             "seconds_per_256_completions": round(256 * 3.5 / statistics.median(rates), 3)}
+
+
+class CpuPerIteration:
+    """CPU-seconds of this process tree (the Prefect server and verifier workers are its children) at each
+    iteration's end, read when the run's progress.json moves: work done per iteration, steadier than wall time
+    on a shared machine (``cpu_s_per_iteration``: the slope between the first iteration and the last)."""
+
+    def __init__(self, progress: Path):
+        import psutil
+
+        self.progress, self.proc, self.marks = progress, psutil.Process(), []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="bench-cpu", daemon=True)
+
+    def _watch(self) -> None:
+        from rlpipe.tracking.resources import tree_cpu_s
+
+        seen = -1
+        while not self._stop.wait(0.02):
+            try:
+                done = json.loads(self.progress.read_text()).get("completed_iteration", -1)
+            except (OSError, ValueError):  # not written yet, or caught mid-replace
+                continue
+            if done > seen:
+                seen = done
+                self.marks.append((done, tree_cpu_s(self.proc)))
+
+    def __enter__(self) -> "CpuPerIteration":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def per_iteration(self) -> float | None:
+        if len(self.marks) < 4:
+            return None
+        # From the first iteration's end to the one before the last (whose held-out evaluation is not the loop's).
+        (k0, c0), (k1, c1) = self.marks[1], self.marks[-2]
+        return round((c1 - c0) / (k1 - k0), 3) if k1 > k0 else None
 
 
 def main() -> None:
@@ -99,7 +141,8 @@ def main() -> None:
     rl.train.save_interval = iterations
     run_id = f"bench-{int(time.time())}"
     t = time.perf_counter()
-    summary = json.loads(Path(train(config=rl, run_id=run_id)).read_text())
+    with CpuPerIteration(s.run_dir(run_id) / "progress.json") as cpu:
+        summary = json.loads(Path(train(config=rl, run_id=run_id)).read_text())
     wall = time.perf_counter() - t
     history = read_history(s.run_dir(run_id))
     # The first iteration includes one-off warm-ups. Each iteration's total is the parent's wall between two
@@ -122,6 +165,7 @@ def main() -> None:
         "stage_seconds_per_iteration": {k: mean(f"time/{k}") for k in ("generate_s", "verify_s", "update_s", "sync_s", "save_s")}
         | {"inside_iteration_overhead_s": mean("time/overhead_s"),
            "flow_run_start_finish_s": round(mean("time/iteration_total_s") - mean("time/iteration_s"), 3)},
+        "cpu_s_per_iteration": cpu.per_iteration(),  # the process tree's, Prefect server and verifier workers included
         "overhead_share": round(statistics.fmean(h["time/overhead_total_share"] for h in steady), 4),
         "train_tokens_per_s": mean("throughput/train_tokens_per_s"),
         "generated_ahead_s": mean("rollout/ahead_generate_s"),  # rollout.async_steps: generation beside the update
