@@ -120,3 +120,21 @@ def test_two_threads_take_turns_on_one_engine(engine_and_scheduler):
         for t in threads:
             t.join(120)
         assert (boxes[0].get("out"), boxes[1].get("out")) == want
+
+
+def test_a_thread_with_another_openmp_count_generates_the_same_batch(engine_and_scheduler):
+    """torch's thread count set apart from a new thread's OpenMP default (torch.set_num_threads(1) in a test or a
+    user's script), then a batch generated ahead in a thread of its own: vLLM's CPU attention planned the step for 2
+    threads and ran it on 1 ("thread_num == thread_num (2 vs. 1)") and the call failed mid-step."""
+    import torch
+
+    engine, scheduler, prompts, sampling = engine_and_scheduler
+    want = _tokens(engine.generate(prompts, sampling))
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(1)  # torch.set_num_threads itself is a no-op once vLLM has bound its threads
+    try:
+        box = _in_thread(lambda: _tokens(engine.generate(prompts, sampling)))
+        assert "err" not in box, box.get("err")
+        assert box["out"] == want and _tokens(engine.generate(prompts, sampling)) == want
+    finally:
+        torch._C.set_num_threads(before)

@@ -8,11 +8,12 @@ read back and compared with what it was fed (on CUDA that is all of them; on CPU
 linear weights for oneDNN, so those are covered by the probe: :mod:`rlpipe.rollout.probe`). The read-back
 must compare at least one tensor and assumes tensor parallel size 1.
 
-vLLM's ``LLM`` is not safe to call from two threads (a batch generated ahead runs in a thread of its own), and
-a call that raises leaves its requests in the engine, where every later ``generate`` spins on them for ever. So
-the engine takes one call at a time, aborts what a failed call left behind, and raises :class:`EngineStalled`
-when requests sit in the running queue with nothing left to schedule (seen once: a 16-request batch with its
-prompts computed and no token sampled, the step loop busy for good).
+vLLM's ``LLM`` is not safe to call from two threads (a batch generated ahead runs in a thread of its own), its
+CPU attention fails mid-step in a thread whose OpenMP thread count is not the one it planned for, and a call
+that raises leaves its requests in the engine, where every later ``generate`` spins on them for ever (a test
+process hung so: 16 requests with their prompts computed and no token sampled). So the engine takes one call at
+a time with the thread count vLLM set up, aborts what a failed call left behind, and raises
+:class:`EngineStalled` when requests sit in the running queue with nothing left to schedule.
 """
 
 from __future__ import annotations
@@ -160,6 +161,11 @@ class VLLMEngine:
         """One call into the engine at a time; a call that fails (or one before it) leaves no request behind."""
         with self._lock:
             self._abort_unfinished(f"before {what}")
+            # vLLM's CPU attention plans a step for the calling thread's OpenMP count, and torch sets a new thread's
+            # count from its own setting at the thread's first torch call: a thread that reached vLLM first (a batch
+            # generated ahead, after torch.set_num_threads(1) elsewhere) planned for 2 and ran on 1, and failed
+            # "thread_num == thread_num (2 vs. 1)" mid-step. Asking torch first settles the count for the call.
+            torch.get_num_threads()
             try:
                 return fn()
             except BaseException:
