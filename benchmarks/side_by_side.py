@@ -20,7 +20,11 @@ def pair(out: Path, k: int) -> dict:
     trl_s = trl.get("seconds_per_256_completions_excl_first") or trl["seconds_per_256_completions"]
     return {"pair": k, "rlpipe_s": rl["seconds_per_iteration_excl_eval"] * per, "trl_s": trl_s,
             "rlpipe_acc": (rl["accuracy_before"], rl["accuracy_after"]), "trl_acc": (trl["accuracy_before"], trl["accuracy_after"]),
-            "rlpipe_stages": rl["stage_seconds_per_iteration"], "trl_stages": trl.get("stage_seconds_per_iteration", {})}
+            "rlpipe_stages": rl["stage_seconds_per_iteration"], "trl_stages": trl.get("stage_seconds_per_iteration", {}),
+            # CPU-seconds per 256 completions: rlpipe's whole process tree (its Prefect server included), TRL's process
+            "rlpipe_cpu_s": rl["cpu_s_per_iteration"] * per if rl.get("cpu_s_per_iteration") else None,
+            "trl_cpu_s": trl["cpu_s_per_iteration"] * 256 / (trl["completions_used"] / trl["iterations"])
+            if trl.get("cpu_s_per_iteration") else None}
 
 
 def main() -> None:
@@ -36,6 +40,10 @@ def main() -> None:
     for r in rows:
         print(f"| {r['pair']} | {r['rlpipe_s']:.3f} | {r['trl_s']:.3f} | {r['rlpipe_s'] / r['trl_s']:.2f}× | "
               f"{r['rlpipe_acc'][0]:.1%} → {r['rlpipe_acc'][1]:.1%} | {r['trl_acc'][0]:.1%} → {r['trl_acc'][1]:.1%} |")
+    cpu = [(r["rlpipe_cpu_s"], r["trl_cpu_s"]) for r in rows if r["rlpipe_cpu_s"] and r["trl_cpu_s"]]
+    if cpu:
+        print("CPU-seconds per 256 completions (rlpipe's process tree, TRL's process): "
+              + "; ".join(f"{a:.2f} against {b:.2f}" for a, b in cpu))
     ratios = [r["rlpipe_s"] / r["trl_s"] for r in rows]
     print(f"\nratio: median {statistics.median(ratios):.2f}×, range {min(ratios):.2f}–{max(ratios):.2f}× over {len(rows)} pair(s)")
     for side in ("rlpipe", "trl"):

@@ -153,17 +153,19 @@ class IterationTimer(TrainerCallback):
         self.completions_per_iter = completions_per_iter
         self.total_iters = total_iters
         self.iter_seconds: list[float] = []
-        self._t = 0.0
+        self.iter_cpu_s: list[float] = []  # this process's CPU-seconds (all threads; TRL starts no children here)
+        self._t = self._cpu = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._t = time.perf_counter()
+        self._t, self._cpu = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.steps_per_iter:
             return
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         self.iter_seconds.append(now - self._t)
-        self._t = now
+        self.iter_cpu_s.append(cpu - self._cpu)
+        self._t, self._cpu = now, cpu
 
 
 class RewardRecorder(TrainerCallback):
@@ -352,6 +354,7 @@ def main(args: argparse.Namespace) -> None:
         "seconds_per_256_completions": (sum(secs) / len(secs)) * 256 / per_iter if secs else None,
         "seconds_per_256_completions_excl_first": (sum(steady) / len(steady)) * 256 / per_iter if steady else None,
         "iteration_seconds": secs,
+        "cpu_s_per_iteration": (sum(timer.iter_cpu_s[1:]) / len(timer.iter_cpu_s[1:])) if len(timer.iter_cpu_s) > 1 else None,
         "train_seconds": train_seconds,
         "stage_seconds_per_iteration": stages.per_iteration(len(secs)),
         "total_wall_seconds": time.perf_counter() - wall0,
