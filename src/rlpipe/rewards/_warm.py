@@ -11,8 +11,6 @@ try:
     from math_verify import parse
 
     parse("\\boxed{\\frac{1}{2}}")
-    WARM = True
 except Exception as e:  # noqa: BLE001 - a cold worker still gives verdicts: it imports on its first math sample
     logging.getLogger(__name__).warning("verifier fork server not warmed (%s: %s); workers import on first use",
                                         type(e).__name__, e)
-    WARM = False

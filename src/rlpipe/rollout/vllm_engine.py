@@ -12,8 +12,9 @@ vLLM's ``LLM`` is not safe to call from two threads (a batch generated ahead run
 CPU attention fails mid-step in a thread whose OpenMP thread count is not the one it planned for, and a call
 that raises leaves its requests in the engine, where every later ``generate`` spins on them for ever (a test
 process hung so: 16 requests with their prompts computed and no token sampled). So the engine takes one call at
-a time with the thread count vLLM set up, aborts what a failed call left behind, and raises
-:class:`EngineStalled` when requests sit in the running queue with nothing left to schedule.
+a time, has torch settle the calling thread's OpenMP count before vLLM plans a step, aborts what a failed call
+left behind, and raises :class:`EngineStalled` when requests sit in the running queue with nothing left to
+schedule.
 """
 
 from __future__ import annotations

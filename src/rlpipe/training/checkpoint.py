@@ -118,8 +118,8 @@ class RecyclingWrites:
     page-cache pages; on a VM that hands freed memory back to its host (free page reporting) the first touch of
     such pages runs at ~140 MB/s (~28 µs per 4 KiB page), and the demo's 27.6 MB save took 16 ms or 150–210 ms at random (measured in
     the loop, benchmarks/README.md). Serialised into a buffer kept from the last save and written over the file
-    of the same name in a save point that is no longer needed (``spare``, moved into place first), it takes
-    15 ms every time. The bytes written are torch.save's, as before; without a spare the file is new.
+    of the same name in a save point that is no longer needed (``spare``, moved into place first), it took
+    14–22 ms in 19 of 20 saves (the first fills the buffer). The bytes written are torch.save's, as before; without a spare the file is new.
     """
 
     def __init__(self, inner: Any):
