@@ -398,6 +398,12 @@ class TrainConfig(_Strict):
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (only built for 'gae').")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
     micro_batch_size: int = Field(64, ge=1, description="Completions per forward/backward (per rank).")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: the policy's, the reference's and the critic's forward passes (and so their "
+        "backward) run under bfloat16 autocast, as TRL's bf16=True: weights, gradients, Adam moments, log-probs and "
+        "losses stay float32. For GPUs with bf16 matrix units; on CPU it is slower. The weight-sync probe still "
+        "compares the engine with the trainer's float32 forward."
+    )
     zero_stage: int = Field(
         0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0, 1 or 2 (3 is refused: it partitions the parameters "
         "themselves and the weight export does not gather them)."

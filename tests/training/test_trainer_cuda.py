@@ -5,25 +5,10 @@ import pytest
 import torch
 
 from rlpipe.config import TrainConfig
-from rlpipe.storage.samples import Sample
 from rlpipe.training.trainer import PolicyTrainer
+from tests.helpers.trainer_inputs import PROMPTS, RESPONSES, cpu_logprobs, scored_samples
 
 pytestmark = pytest.mark.gpu
-
-
-def _samples(own: list[list[float]], prompts, responses) -> list[Sample]:
-    rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
-    return [Sample(p, r, lp, rewards[i], i // 4) for i, (p, r, lp) in enumerate(zip(prompts, responses, own))]
-
-
-@torch.no_grad()
-def _cpu_logprobs(model, pad_id: int, prompts, responses) -> list[list[float]]:
-    from rlpipe.algorithms.functional import token_logprobs
-    from rlpipe.training.trainer import _collate
-
-    micro = _collate([Sample(p, r, [0.0] * len(r), 0.0, 0) for p, r in zip(prompts, responses)], {}, pad_id)
-    lp = token_logprobs(model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1], micro.targets)
-    return [lp[i, len(p) - 1 : len(p) - 1 + len(r)].tolist() for i, (p, r) in enumerate(zip(prompts, responses))]
 
 
 @pytest.mark.parametrize("pack", [False, True])
@@ -34,15 +19,27 @@ def test_an_update_on_cuda_matches_the_cpu_model(tiny_checkpoint, pack):
     cfg = TrainConfig(batch_size=8, micro_batch_size=4, lr=1e-3, kl_coef=0.01, pack_sequences=pack)
     trainer = PolicyTrainer(model_dir=str(tiny_checkpoint), cfg=cfg, seed=0, max_new_tokens=6)
     assert trainer.device.type == "cuda" and next(trainer.module.parameters()).is_cuda
-    prompts = [[5 + i, 6, 7, 8][: 2 + i % 3] for i in range(8)]
-    responses = [[10 + i, 11, 12, 13, 14][: 1 + (i * 2) % 5] for i in range(8)]
-    on_gpu = trainer.sequence_logprobs(prompts, responses)
+    on_gpu = trainer.sequence_logprobs(PROMPTS, RESPONSES)
     cpu = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
-    on_cpu = _cpu_logprobs(cpu, trainer.tokenizer.pad_token_id, prompts, responses)
+    on_cpu = cpu_logprobs(cpu, trainer.tokenizer.pad_token_id)
     assert max(abs(a - b) for x, y in zip(on_gpu, on_cpu) for a, b in zip(x, y)) < 1e-4
     before = {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
-    m = trainer.update(_samples(on_cpu, prompts, responses), 0)
+    m = trainer.update(scored_samples(on_cpu), 0)
     assert m["optimizer_steps"] == 1 and m["nonfinite_steps"] == 0
     assert m["mismatch/abs_max"] < 1e-4  # the CPU model's log-probs are the GPU policy's
     assert m["kl"] == pytest.approx(0.0, abs=1e-5)  # the reference (moved to the GPU too) is the same model
     assert any(not torch.equal(before[k], v) for k, v in trainer.module.state_dict().items())
+
+
+def test_a_bf16_update_on_cuda_keeps_float32_weights_and_moments(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    cfg = TrainConfig(batch_size=8, micro_batch_size=4, lr=1e-3, kl_coef=0.01, precision="bf16")
+    trainer = PolicyTrainer(model_dir=str(tiny_checkpoint), cfg=cfg, seed=0, max_new_tokens=6)
+    cpu = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
+    m = trainer.update(scored_samples(cpu_logprobs(cpu, trainer.tokenizer.pad_token_id)), 0)
+    assert m["optimizer_steps"] == 1 and m["nonfinite_steps"] == 0
+    assert 1e-4 < m["mismatch/abs_max"] < 0.1  # bf16 logits: close to the float32 sampler's, not equal
+    assert all(p.dtype == torch.float32 and p.is_cuda for p in trainer.module.parameters())
+    moments = [v for s in trainer.engine.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    assert moments and all(v.dtype == torch.float32 for v in moments)

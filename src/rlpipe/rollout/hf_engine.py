@@ -1,4 +1,7 @@
-"""HF ``generate`` engine: the fallback when vLLM is not installed or not wanted (``rollout.engine: hf``)."""
+"""HF ``generate`` engine: the fallback when vLLM is not installed or not wanted (``rollout.engine: hf``).
+
+It runs where the trainer runs: on CUDA when a GPU is present, in bfloat16 there (as vLLM's ``dtype="auto"``
+serves a float32 checkpoint in 16 bits on a GPU), and on CPU in float32 otherwise."""
 
 from __future__ import annotations
 
@@ -13,9 +16,12 @@ from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint, wei
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model_dir: str | Path, batch_size: int = 256, **_: object):
-        self.model, self.tokenizer, _ = load_checkpoint(model_dir)
-        self.model.eval()
+    def __init__(self, model_dir: str | Path, batch_size: int = 256, device: str | None = None,
+                 dtype: torch.dtype | None = None, **_: object):
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        self.model, self.tokenizer, _ = load_checkpoint(model_dir, dtype=dtype)
+        self.model.to(dev).eval()
         self.batch_size = batch_size
         self._sha = file_weights_sha256(model_dir)
 
@@ -32,7 +38,7 @@ class HFEngine:
         eos = set(self.model.generation_config.eos_token_id or [])
         if isinstance(self.model.generation_config.eos_token_id, int):
             eos = {self.model.generation_config.eos_token_id}
-        pad = self.tokenizer.pad_token_id
+        pad, dev = self.tokenizer.pad_token_id, self.device
         flat = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         out: list[list[Completion]] = [[] for _ in prompts]
         gens = self._generators(len(prompts), sampling)
@@ -44,7 +50,7 @@ class HFEngine:
             for j, (_, p) in enumerate(chunk):  # left padding
                 ids[j, width - len(p) :] = torch.tensor(p)
                 att[j, width - len(p) :] = 1
-            seqs = self._sample(ids, att, sampling, eos, [gens[start + j] for j in range(len(chunk))])
+            seqs = self._sample(ids.to(dev), att.to(dev), sampling, eos, [gens[start + j] for j in range(len(chunk))])
             for (i, _), (toks, lps, reason) in zip(chunk, seqs):
                 out[i].append(Completion(toks, lps, self.tokenizer.decode(toks, skip_special_tokens=True), reason))
         return out
@@ -67,12 +73,12 @@ class HFEngine:
         past, logits = out.past_key_values, out.logits[:, -1]
         toks: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
-        done = torch.zeros(n, dtype=torch.bool)
+        done = [False] * n
         next_pos = pos[:, -1] + 1
         for _ in range(sampling.max_new_tokens):
             if sampling.temperature == 0:
                 choice = logits.argmax(-1)
-                lp = torch.zeros(n)
+                lp = torch.zeros(n, device=logits.device)
             else:
                 scaled = logits.float() / sampling.temperature
                 probs = scaled.softmax(-1)
@@ -82,17 +88,17 @@ class HFEngine:
                     sp = sp * keep
                     probs = torch.zeros_like(probs).scatter_(-1, si, sp)
                     probs = probs / probs.sum(-1, keepdim=True)
-                choice = torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(gens)])
+                choice = _draw(probs, gens)
                 lp = probs.gather(-1, choice[:, None]).squeeze(-1).log()
+            chosen, chosen_lp = choice.tolist(), lp.tolist()  # one device-to-host copy per step
             for j in range(n):
                 if not done[j]:
-                    toks[j].append(int(choice[j]))
-                    lps[j].append(float(lp[j]))
-                    if int(choice[j]) in eos:
-                        done[j] = True
-            if bool(done.all()):
+                    toks[j].append(chosen[j])
+                    lps[j].append(chosen_lp[j])
+                    done[j] = chosen[j] in eos
+            if all(done):
                 break
-            att = torch.cat([att, torch.ones(n, 1, dtype=att.dtype)], -1)
+            att = torch.cat([att, torch.ones(n, 1, dtype=att.dtype, device=att.device)], -1)
             out = self.model(input_ids=choice[:, None], attention_mask=att, position_ids=next_pos[:, None],
                              past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1]
@@ -112,9 +118,14 @@ class HFEngine:
             raise WeightSyncError(f"weights in {folder} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
         if self.model.config.tie_word_embeddings:
             self.model.tie_weights()
-        held = {k: v for k, v in self.model.state_dict().items() if k in tensors}
-        self._sha = weights_sha256(held)  # read back from the model itself: every tensor compared
-        self.last_readback = len(held)
+        # Read back from the model itself, every tensor, against what was fed cast to the engine's dtype (a 16-bit
+        # engine holds the rounded weights); the version is the hash of what was fed, as vLLM's engine reports.
+        held = self.model.state_dict()
+        differ = [k for k, t in tensors.items() if not torch.equal(held[k].cpu(), t.to(held[k].dtype))]
+        if differ:
+            raise WeightSyncError(f"after reload the engine holds different values for {differ[:5]}")
+        self._sha = weights_sha256(tensors)
+        self.last_readback = len(tensors)
         return self._sha
 
     @torch.no_grad()
@@ -122,10 +133,14 @@ class HFEngine:
         """log π(c_t | prompt, c_<t) of each continuation token at temperature 1 (the weight-sync probe)."""
         out = []
         for p, c in zip(prompts, continuations):
-            logits = self.model(input_ids=torch.tensor([p + c])).logits[0, :-1].float()
+            logits = self.model(input_ids=torch.tensor([p + c], device=self.device)).logits[0, :-1].float()
             lp = logits.log_softmax(-1)
             out.append([float(lp[len(p) - 1 + j, tok]) for j, tok in enumerate(c)])
         return out
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     @property
     def dtype(self) -> str:
@@ -136,3 +151,16 @@ class HFEngine:
 
     def close(self) -> None:
         del self.model
+
+
+def _draw(probs: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
+    """One token per row, each drawn with its completion's own (CPU) generator. On CPU: torch's multinomial per
+    row. On a GPU, where a kernel per row would cost more than the model: one uniform per row from its
+    generator, then the inverse CDF of the whole batch on the device (side='right' never lands on a token of
+    probability 0)."""
+    if probs.device.type == "cpu":
+        return torch.cat([torch.multinomial(probs[j], 1, generator=g) for j, g in enumerate(gens)])
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens]).to(probs.device)
+    cdf = probs.double().cumsum(-1)
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    return picked.clamp_max(probs.shape[-1] - 1)

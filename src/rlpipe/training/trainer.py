@@ -30,7 +30,7 @@ import math
 import os
 import random
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -468,21 +468,31 @@ class PolicyTrainer:
         """Log-probs of the targets in the padded layout, and the logits in the layout the forward ran in
         (``micro.unpack`` maps what is computed from them)."""
         if micro.packed is None:
-            logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+            with self._autocast():
+                logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
             return token_logprobs(logits, micro.targets, self.temperature), logits
         p = micro.packed
-        logits = model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
-                       use_cache=False).logits[:, :-1]
+        with self._autocast():
+            logits = model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
+                           use_cache=False).logits[:, :-1]
         picked = logits.reshape(-1, logits.shape[-1])[p.src]  # the predicting positions only (a shared prompt's repeats)
         return micro.scatter(token_logprobs(picked, micro.targets.reshape(-1)[p.dst], self.temperature)), logits
 
     def _values(self, micro: _Micro, model: Any) -> torch.Tensor:
         """V(s_t) at each position that predicts a token: (b, L-1)."""
-        if micro.packed is None:
-            return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1, 0].float()
-        p = micro.packed
-        return micro.unpack(model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
-                                  use_cache=False).logits[:, :-1, 0].float())
+        with self._autocast():
+            if micro.packed is None:
+                return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1, 0].float()
+            p = micro.packed
+            return micro.unpack(model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
+                                      use_cache=False).logits[:, :-1, 0].float())
+
+    def _autocast(self) -> Any:
+        """train.precision bf16: the forward under bfloat16 autocast (float32 master weights; log-probs, entropy and
+        losses are taken in float32 from the bf16 logits). fp32: nothing."""
+        if self.cfg.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
 
     @torch.no_grad()
     def _precompute(self, samples: Sequence[Sample]) -> dict[str, list[list[float]]]:
