@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a CUDA machine with a stock PyTorch image and no registry (benchmarks/gpu_wheels.sh
 # prepares .whl/ beforehand): the @pytest.mark.gpu tests, then benchmarks/gpu_iteration.py in bf16 (every model) and
-# in fp32 (the two largest). Results and logs go to $OUT (default /tmp/rlpipe-gpu).
+# in fp32 (100M). Results and logs go to $OUT (default /tmp/rlpipe-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlpipe-gpu}
@@ -14,10 +14,10 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src:$PWD" PYTHONUNBUFFERED=1 
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, deepspeed; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" 2>&1 | tail -1
-timeout "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/training/test_trainer_cuda.py \
+timeout "${TEST_S:-70}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/training/test_trainer_cuda.py \
   tests/rollout/test_hf_engine_cuda.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
 echo "gpu tests exit ${PIPESTATUS[0]}"
-timeout "${BENCH_S:-240}" python3 benchmarks/gpu_iteration.py --precision bf16 --out "$OUT/gpu-bf16.json" 2>&1 \
+timeout "${BENCH_S:-190}" python3 benchmarks/gpu_iteration.py --precision bf16 --iterations 3 --out "$OUT/gpu-bf16.json" 2>&1 \
   | grep -v -i "warn" | tee "$OUT/gpu-bf16.log" | tail -30
-timeout "${FP32_S:-120}" python3 benchmarks/gpu_iteration.py --precision fp32 --models 100M 300M --out "$OUT/gpu-fp32.json" 2>&1 \
+timeout "${FP32_S:-60}" python3 benchmarks/gpu_iteration.py --precision fp32 --models 100M --iterations 3 --out "$OUT/gpu-fp32.json" 2>&1 \
   | grep -v -i "warn" | tee "$OUT/gpu-fp32.log" | tail -12

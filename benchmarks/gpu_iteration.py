@@ -130,7 +130,8 @@ def measure(name: str, a: argparse.Namespace, root: Path) -> dict[str, Any]:
     runs = []
     for k in range(1, a.iterations + 1):
         runs.append(iteration(k, rows, engine, trainer, probe, root / f"{name}-work", a.max_new_tokens))
-        print(f"  {name} iteration {k}/{a.iterations}: " + ", ".join(f"{s} {runs[-1][s]:.3f}s" for s in STAGES), flush=True)
+        print(f"  {name} iteration {k}/{a.iterations}: " + ", ".join(f"{s} {runs[-1][s]:.3f}s" for s in STAGES)
+              + f"; {runs[-1]['generated_tokens']} generated, {runs[-1]['trained_tokens']} trained tokens", flush=True)
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     del trainer, engine
     return summarise(name, params, runs[1:] or runs, peak)
@@ -189,9 +190,13 @@ def main() -> None:
         for n, name in enumerate(a.models, 1):
             print(f"[{n}/{len(a.models)}] {name}", flush=True)
             results.append(measure(name, a, root))
+            write(a, results)  # after each model: a run stopped later keeps what it measured
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(table(results, a))
+
+
+def write(a: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"device": device_line(), "settings": vars(a) | {"out": str(a.out)}, "results": results}, indent=2))
 

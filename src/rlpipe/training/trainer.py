@@ -441,6 +441,10 @@ class PolicyTrainer:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
+        if self.cfg.precision == "bf16":
+            # DeepSpeed turns an outer torch.autocast off inside its engine's forward unless this section asks for it
+            # (seen on CUDA: the forward ran in float32). No lower-precision modules: gradients reduce in float32.
+            ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         if isinstance(engine.checkpoint_engine, TorchCheckpointEngine):
             engine.checkpoint_engine = RecyclingWrites(engine.checkpoint_engine)
