@@ -39,7 +39,7 @@ MODELS: dict[str, dict[str, int]] = {
     "3M": {},  # the default ModelConfig
     "30M": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "intermediate_size": 2048},
     "100M": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072},
-    "300M": {"hidden_size": 1024, "num_layers": 24, "num_heads": 16, "intermediate_size": 4096},
+    "400M": {"hidden_size": 1024, "num_layers": 24, "num_heads": 16, "intermediate_size": 4096},  # 402.9M built
 }
 PER_PROMPT, STEPS = 8, 4
 STAGES = ("generate", "verify", "update", "sync", "save")
