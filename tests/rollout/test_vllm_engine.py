@@ -138,3 +138,19 @@ def test_a_thread_with_another_openmp_count_generates_the_same_batch(engine_and_
         assert box["out"] == want and _tokens(engine.generate(prompts, sampling)) == want
     finally:
         torch._C.set_num_threads(before)
+
+
+def test_the_engine_logs_to_stderr_and_leaves_stdout_to_results(tiny_checkpoint):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlpipe.rollout.vllm_engine import VLLMEngine; e = VLLMEngine(sys.argv[1], max_model_len=64); "
+            "e.generate([[5, 6, 7]], __import__('rlpipe.rollout.base').rollout.base.SamplingConfig(n=1, max_new_tokens=2)); "
+            "print('RESULT')")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_STREAM"}
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_checkpoint)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines() == ["RESULT"]  # no vLLM line before or after it
+    assert "INFO" in proc.stderr and "vllm" in proc.stderr.lower()  # vLLM's own log lines, on stderr

@@ -113,6 +113,9 @@ class VLLMEngine:
         for k, v in CPU_ENV.items():
             os.environ.setdefault(k, v)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights reload via apply_model
+        # vLLM logs to stdout by default: a line logged late would follow the result a command prints last (the
+        # CLI's summary path). Logs go to stderr, unless the caller chose a stream.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm import LLM
 
         self.model_dir = str(model_dir)
