@@ -401,8 +401,9 @@ class TrainConfig(_Strict):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: the policy's, the reference's and the critic's forward passes (and so their "
         "backward) run under bfloat16 autocast, as TRL's bf16=True: weights, gradients, Adam moments, log-probs and "
-        "losses stay float32. For GPUs with bf16 matrix units; on CPU it is slower. The weight-sync probe still "
-        "compares the engine with the trainer's float32 forward."
+        "losses stay float32. It pays where the matrices are large enough for a GPU's bf16 units; at 3M-400M "
+        "parameters on an H200 and on CPU it was slower than fp32 (benchmarks/README.md, 'One GPU'). The weight-sync "
+        "probe still compares the engine with the trainer's float32 forward."
     )
     zero_stage: int = Field(
         0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0, 1 or 2 (3 is refused: it partitions the parameters "
