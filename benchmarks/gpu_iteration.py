@@ -8,9 +8,11 @@ work measured by benchmarks/grpo_loop.py and scaling.py, the same on any acceler
 (``HFEngine``: on CUDA in bfloat16, as vLLM's dtype "auto") samples ``--completions`` completions of at most
 ``--max-new-tokens`` tokens for arithmetic prompts (8 per prompt); the ``math`` verifier scores them in this
 process; the DeepSpeed trainer (``PolicyTrainer``, ``train.precision``) takes 4 optimizer steps on them (GRPO,
-KL 0.01 against a reference, micro-batches of at most 64, packed sequences); the weights are exported, reloaded
-into the engine (read back) and proven by the probe (the engine's log-probs against the trainer's, within
-``rollout/probe.py``'s tolerance); the resumable state (weights + Adam moments) is saved over the previous one.
+KL 0.01 against a reference, micro-batches of at most 64, packed sequences); the resumable state (weights + Adam
+moments) is saved over the previous one; the engine reloads the weights from it (read back) and the probe proves
+them (the engine's log-probs against the trainer's, within ``rollout/probe.py``'s tolerance), as the flow's
+update and sync-weights tasks do. (The H200 figures in benchmarks/README.md were taken before this order: the
+sync then exported the weights a second time.)
 
 Models are untrained Qwen2s built from config (their skill does not change the cost per token; responses end
 at EOS at random, so the mean response length is reported). Per model: the mean over iterations 2..N (the
@@ -98,14 +100,15 @@ def iteration(k: int, rows: list[dict[str, Any]], engine: Any, trainer: Any, pro
     lap("verify")
     metrics = trainer.update(samples, k)
     lap("update")
-    trainer.export_weights(work / "sync")
-    engine.load_weights(work / "sync")
+    # As the flow does: the save point (weights + AdamW moments) is written once, and the engine reloads from it.
+    state = work / f"state{k % 2}"
+    trainer.save(state, spare=work / f"state{(k + 1) % 2}" if k > 1 else None)
+    lap("save")
+    engine.load_weights(state)
     gap = max_gap(engine.sequence_logprobs(probe[0], probe[1]), trainer.sequence_logprobs(probe[0], probe[1]))
     if not gap <= default_tolerance(engine.dtype):
         raise RuntimeError(f"iteration {k}: the engine's log-probs are {gap:.3g} from the trainer's after the sync")
     lap("sync")
-    trainer.save(work / f"state{k % 2}", spare=work / f"state{(k + 1) % 2}" if k > 1 else None)
-    lap("save")
     return t | {"generated_tokens": sum(len(s.response_ids) for s in samples), "probe_gap": gap,
                 "trained_tokens": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
                 "optimizer_steps": metrics["optimizer_steps"], "completions": len(samples)}
