@@ -24,7 +24,7 @@ demo-agent: install
 
 test:
 	@RLPIPE_INSTALL_BROWSER=1 bash scripts/install.sh
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf .rlpipe .pytest_cache

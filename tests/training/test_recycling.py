@@ -1,4 +1,5 @@
-"""Save points written over a spare one (RecyclingWrites) and the prune that keeps that spare."""
+"""Save points written over a spare one (RecyclingWrites for DeepSpeed's files, RecyclingSafetensors for the
+weights) and the prune that keeps that spare."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import pytest
 import torch
 
-from rlpipe.training.checkpoint import RecyclingWrites
+from rlpipe.training.checkpoint import RecyclingWrites, file_weights_sha256
 
 
 class _Torch:  # the part of DeepSpeed's TorchCheckpointEngine the wrapper uses
@@ -68,11 +69,12 @@ def test_the_trainer_writes_its_optimizer_over_the_spare_and_resumes_the_same(ti
     rel = "deepspeed/state/mp_rank_00_model_states.pt"
     a.update(fixed_batch(16), 0)
     a.save(tmp_path / "iter=0")
-    inode = os.stat(tmp_path / "iter=0" / rel).st_ino
+    inodes = [os.stat(tmp_path / "iter=0" / f).st_ino for f in (rel, "model.safetensors")]
     batch = fixed_batch(32)[16:]
     a.update(batch, 1)
-    a.save(tmp_path / "iter=1", spare=tmp_path / "iter=0")
-    assert os.stat(tmp_path / "iter=1" / rel).st_ino == inode
+    digest = a.save(tmp_path / "iter=1", spare=tmp_path / "iter=0")
+    assert [os.stat(tmp_path / "iter=1" / f).st_ino for f in (rel, "model.safetensors")] == inodes  # both written over
+    assert digest == file_weights_sha256(tmp_path / "iter=1")
     after = fixed_batch(48)[32:]
     m = a.update(after, 2)
     b = _grpo_trainer(tiny_checkpoint, resume_dir=tmp_path / "iter=1")
@@ -114,3 +116,80 @@ def test_a_prune_that_cannot_make_a_spare_still_deletes_the_old_points(tmp_path,
     monkeypatch.setattr(os, "replace", refuse)
     fi._prune_states("r", keep=str(root / "iter=2"))
     assert sorted(p.name for p in root.iterdir()) == ["iter=2"]
+
+
+def _tensors(seed: int, n: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"b.weight": torch.randn(n, 8, generator=g), "a.bias": torch.randn(8, generator=g).to(torch.bfloat16),
+            "c.steps": torch.arange(3, dtype=torch.int64), "d.empty": torch.zeros(0)}
+
+
+def test_safetensors_written_over_the_spare_read_back_the_same(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from rlpipe.training.checkpoint import RecyclingSafetensors, weights_sha256
+
+    spare, new = tmp_path / "spare", tmp_path / "iter=2"
+    spare.mkdir(), new.mkdir()
+    RecyclingSafetensors(spare, None).write(_tensors(1, 5_000), spare / "model.safetensors", {"format": "pt"})
+    inode, big = os.stat(spare / "model.safetensors").st_ino, os.stat(spare / "model.safetensors").st_size
+    w = RecyclingSafetensors(new, spare)
+    w.write(_tensors(2, 100), new / "model.safetensors", {"format": "pt"})  # smaller than the file it takes over
+    path = new / "model.safetensors"
+    assert not (spare / "model.safetensors").exists() and os.stat(path).st_ino == inode
+    assert os.stat(path).st_size < big  # cut to its size: nothing of the old file after it
+    got, want = load_file(path), _tensors(2, 100)
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    with safe_open(path, framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    assert w.digest() == weights_sha256(want)
+
+
+def test_save_pretrained_through_it_loads_the_same_model_and_hashes_the_file(tiny_checkpoint, tmp_path):
+    import transformers.modeling_utils as mu
+    from transformers import AutoModelForCausalLM
+
+    from rlpipe.training.checkpoint import RecyclingSafetensors, file_weights_sha256
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    original = mu.safe_save_file
+    model.save_pretrained(tmp_path / "old", safe_serialization=True)
+    inode = os.stat(tmp_path / "old" / "model.safetensors").st_ino
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    with RecyclingSafetensors(tmp_path / "new", tmp_path / "old") as files:
+        model.save_pretrained(tmp_path / "new", safe_serialization=True)
+    assert mu.safe_save_file is original  # put back
+    assert os.stat(tmp_path / "new" / "model.safetensors").st_ino == inode
+    assert files.digest() == file_weights_sha256(tmp_path / "new")  # the hash of what the file holds
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "new")
+    for (name, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_another_threads_save_is_not_recycled(tmp_path):
+    import threading
+
+    import transformers.modeling_utils as mu
+
+    from rlpipe.training.checkpoint import RecyclingSafetensors
+
+    (tmp_path / "spare").mkdir(), (tmp_path / "mine").mkdir(), (tmp_path / "theirs").mkdir()
+    RecyclingSafetensors(tmp_path / "spare", None).write(_tensors(1, 10), tmp_path / "spare" / "model.safetensors", None)
+    with RecyclingSafetensors(tmp_path / "theirs", tmp_path / "spare") as files:
+        t = threading.Thread(target=mu.safe_save_file, args=(_tensors(3, 10), str(tmp_path / "theirs" / "model.safetensors")))
+        t.start(), t.join()
+    assert (tmp_path / "spare" / "model.safetensors").exists()  # not taken by the other thread's file
+    assert files.digest() is None  # and not counted as this save's
+
+
+def test_an_error_inside_puts_the_writer_back(tmp_path):
+    import transformers.modeling_utils as mu
+
+    from rlpipe.training.checkpoint import RecyclingSafetensors
+
+    original = mu.safe_save_file
+    with pytest.raises(RuntimeError, match="boom"), RecyclingSafetensors(tmp_path, None):
+        raise RuntimeError("boom")
+    assert mu.safe_save_file is original

@@ -47,7 +47,7 @@ from rlpipe.config import TrainConfig
 from rlpipe.net import free_port
 from rlpipe.storage.samples import Sample
 from rlpipe.training.checkpoint import (
-    TRAINER_STATE, RecyclingWrites, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
+    TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
 )
 
 __all__ = ["PolicyTrainer", "Sample", "init_distributed"]
@@ -851,14 +851,16 @@ class PolicyTrainer:
     def module(self) -> Any:
         return self.engine.module
 
-    def export_weights(self, folder: str | Path) -> str:
-        """HF weights + tokenizer (rank 0); returns the sha256 of the saved safetensors."""
+    def export_weights(self, folder: str | Path, spare: str | Path | None = None) -> str:
+        """HF weights + tokenizer (rank 0); returns the sha256 of the saved safetensors (``weights_sha256``).
+        ``spare``: an earlier save point no longer needed, whose safetensors files are written over."""
         folder = Path(folder)
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            self.engine.module.save_pretrained(folder, safe_serialization=True)
+            with RecyclingSafetensors(folder, Path(spare) if spare else None) as files:
+                self.engine.module.save_pretrained(folder, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
-            digest = file_weights_sha256(folder)
+            digest = files.digest() or file_weights_sha256(folder)
         else:
             digest = ""
         if self.world > 1:
@@ -871,9 +873,10 @@ class PolicyTrainer:
 
     def save(self, folder: str | Path, extra_state: dict[str, Any] | None = None, spare: str | Path | None = None) -> str:
         """A resumable checkpoint: HF weights + tokenizer + DeepSpeed optimizer state (+ the critic's) + trainer state.
-        ``spare``: an earlier save point no longer needed, whose DeepSpeed files are written over (RecyclingWrites)."""
+        ``spare``: an earlier save point no longer needed, whose files are written over (RecyclingSafetensors for the
+        weights, RecyclingWrites for DeepSpeed's)."""
         folder = Path(folder)
-        digest = self.export_weights(folder)
+        digest = self.export_weights(folder, spare)
         with _module_left_out(self.engine):  # the HF weights above are the module's: not written twice
             _recycling(self.engine, folder, spare).save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
         if self.critic is not None:
