@@ -25,7 +25,7 @@ from typing import Any
 from rlpipe.config import RunConfig, canonical_json
 from rlpipe.history import RunHistory
 
-__all__ = ["EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "resume_fingerprint"]
+__all__ = ["ADDED_KEYS", "EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "resume_fingerprint"]
 
 # Keys a resume may change without being a different experiment.
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
@@ -34,8 +34,18 @@ EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
 OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models", "rollout.prefetch")
 
 
+# Keys added after runs were recorded without them, each with its value that is the behaviour from before it
+# existed: a run recorded without the key resumes at that value unchanged (upgrading rlpipe does not refuse the
+# resume, nor redo the interrupted iteration's stages); any other value is a change like any other.
+ADDED_KEYS: dict[str, Any] = {"train.precision": "fp32", "train.shuffle": "samples"}
+
+
 def _steers(key: str) -> bool:
     return key not in EXTENDABLE_KEYS and not key.startswith(OPERATIONAL_PREFIXES)
+
+
+def _as_before(key: str, value: Any) -> bool:
+    return key in ADDED_KEYS and value == ADDED_KEYS[key]
 
 
 STATE_DONE = "_state_complete.json"  # written last: the state above it is whole
@@ -47,12 +57,14 @@ class ResumeRefused(RuntimeError):
 
 def resume_fingerprint(config: RunConfig) -> str:
     """The fingerprint a resume and a stored stage must match: the config without the extendable keys."""
-    flat = {k: v for k, v in config.flat().items() if _steers(k)}
+    flat = {k: v for k, v in config.flat().items() if _steers(k) and not _as_before(k, v)}
     return hashlib.sha256(canonical_json(flat).encode()).hexdigest()
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old → new`` for every dotted key that differs, extendable and operational keys left out."""
+    """``key: old → new`` for every dotted key that differs, extendable and operational keys left out (a key
+    of ADDED_KEYS missing from ``old`` counts as its value from before it existed)."""
+    old = {k: v for k, v in ADDED_KEYS.items() if k not in old} | old
     keys = sorted(k for k in set(old) | set(new) if _steers(k))
     return [f"{k}: {old.get(k, '<absent>')!r} → {new.get(k, '<absent>')!r}" for k in keys if old.get(k) != new.get(k)]
 
