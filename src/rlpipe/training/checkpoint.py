@@ -200,6 +200,7 @@ class RecyclingSafetensors:
     def __init__(self, folder: Path, spare: Path | None):
         self.folder, self.spare = Path(folder), Path(spare) if spare else None
         self.written: dict[str, torch.Tensor] = {}
+        self.others = False
         self._thread = None
         self._original: Any = None
 
@@ -212,7 +213,10 @@ class RecyclingSafetensors:
         original = self._original
 
         def save_file(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str] | None = None) -> None:
-            if threading.get_ident() != self._thread or any(t.dtype not in _SAFETENSORS_DTYPES for t in tensors.values()):
+            if threading.get_ident() != self._thread:
+                return original(tensors, filename, metadata=metadata)
+            if any(t.dtype not in _SAFETENSORS_DTYPES for t in tensors.values()):
+                self.others = True  # a file not written here: the hash is then taken from the files
                 return original(tensors, filename, metadata=metadata)
             self.write(tensors, Path(filename), metadata)
 
@@ -227,7 +231,7 @@ class RecyclingSafetensors:
     def write(self, tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None) -> None:
         cpu = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
         header, offsets, size = _safetensors_header(cpu, metadata)
-        if self.spare is not None:
+        if self.spare is not None and path.is_relative_to(self.folder):
             old = self.spare / path.relative_to(self.folder)
             if old.is_file():
                 os.replace(old, path)  # the spare's inode, and its pages, become this file
@@ -243,5 +247,6 @@ class RecyclingSafetensors:
         self.written.update(cpu)
 
     def digest(self) -> str | None:
-        """:func:`weights_sha256` of every tensor written (None when save_pretrained wrote none through here)."""
-        return weights_sha256(self.written) if self.written else None
+        """:func:`weights_sha256` of every tensor written; None when save_pretrained wrote none here, or wrote a
+        file some other way (a dtype safetensors has and this writer has not): then hash the files."""
+        return weights_sha256(self.written) if self.written and not self.others else None
