@@ -68,6 +68,8 @@ fi
 "$root/.venv/bin/python" - "$out" $seeds <<'PY'
 import json, sys, pathlib
 out, seeds = pathlib.Path(sys.argv[1]), sys.argv[2:]
+from rlpipe.history import read_history
+
 print("| seed | SFT steps | base (test) | final (test) | gain | final validation | RL iterations | RL s | mismatch abs_max |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 gains = []
@@ -76,7 +78,7 @@ for seed in seeds:
     rl = next(runs.glob("rl-*/summary.json"))
     r, s = json.loads(rl.read_text()), json.loads(next(runs.glob("sft-*/summary.json")).read_text())
     progress = json.loads((rl.parent / "progress.json").read_text())
-    mm = max(h.get("mismatch/abs_max", 0.0) for h in progress["history"])
+    mm = max(h.get("mismatch/abs_max", 0.0) for h in read_history(rl.parent))  # the history left progress.json
     val = progress.get("final_validation_accuracy")
     gain = 100 * (r["heldout_accuracy_final"] - r["heldout_accuracy_base"])
     gains.append(gain)
