@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ import torch
 
 TRAINER_STATE = "trainer_state.json"
 
-__all__ = ["RecyclingSafetensors", "RecyclingWrites", "file_weights_sha256", "load_checkpoint", "save_checkpoint", "weights_sha256", "rng_state",
-           "set_rng_state"]
+__all__ = ["RecyclingSafetensors", "RecyclingWrites", "file_weights_sha256", "load_checkpoint", "save_checkpoint",
+           "weights_sha256", "rng_state", "set_rng_state"]
 
 
 def weights_sha256(named_tensors: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
@@ -161,7 +162,8 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def _safetensors_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> tuple[bytes, list[tuple[str, int]], int]:
+def _safetensors_header(tensors: dict[str, torch.Tensor],
+                        metadata: dict[str, str] | None) -> tuple[bytes, list[tuple[str, int]], int]:
     """The safetensors header (little-endian length + JSON, padded to 8 bytes), each tensor's data offset, and
     the data's size."""
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
@@ -188,11 +190,11 @@ class RecyclingSafetensors:
 
     The same reason as :class:`RecyclingWrites`: a new file takes new page-cache pages, and on this VM their first
     touch is slow. The weights are the larger part of a save point (exporting the 33.6M model's 134 MB took
-    0.21–0.27 s into a new file, 0.055 s over an old one; benchmarks/README.md). Each file is written straight from
-    the tensors it is handed (a valid safetensors file that any reader loads; the tensors in name order), and the
-    weights' hash (:func:`weights_sha256`) is taken from the same tensors as they are written, so the file is not
-    read back to hash it. What was written is checked where it is read: the engine hashes what it loads at each
-    sync and compares it with this hash.
+    0.32–0.44 s into a new file, 0.095–0.099 s over the spare's; benchmarks/README.md). Each file is written
+    straight from the tensors it is handed (a valid safetensors file that any reader loads; the tensors in name
+    order), and the weights' hash (:func:`weights_sha256`) is taken from the same tensors as they are written, so
+    the file is not read back to hash it. What was written is checked where it is read: the engine hashes what it
+    loads at each sync and compares it with this hash, and a resume hashes the state's file.
 
     A context manager around one ``save_pretrained`` call of this thread; other threads' saves are untouched.
     """
@@ -201,12 +203,10 @@ class RecyclingSafetensors:
         self.folder, self.spare = Path(folder), Path(spare) if spare else None
         self.written: dict[str, torch.Tensor] = {}
         self.others = False
-        self._thread = None
+        self._thread: int | None = None
         self._original: Any = None
 
     def __enter__(self) -> "RecyclingSafetensors":
-        import threading
-
         import transformers.modeling_utils as mu
 
         self._thread, self._original = threading.get_ident(), mu.safe_save_file
