@@ -145,9 +145,13 @@ def test_the_engine_logs_to_stderr_and_leaves_stdout_to_results(tiny_checkpoint)
     import subprocess
     import sys
 
-    code = ("import sys; from rlpipe.rollout.vllm_engine import VLLMEngine; e = VLLMEngine(sys.argv[1], max_model_len=64); "
-            "e.generate([[5, 6, 7]], __import__('rlpipe.rollout.base').rollout.base.SamplingConfig(n=1, max_new_tokens=2)); "
-            "print('RESULT')")
+    code = "\n".join([
+        "import sys",
+        "from rlpipe.rollout.base import SamplingConfig",
+        "from rlpipe.rollout.vllm_engine import VLLMEngine",
+        "VLLMEngine(sys.argv[1], max_model_len=64).generate([[5, 6, 7]], SamplingConfig(n=1, max_new_tokens=2))",
+        "print('RESULT')",
+    ])
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_STREAM"}
     proc = subprocess.run([sys.executable, "-c", code, str(tiny_checkpoint)], capture_output=True, text=True,
                           timeout=300, env=env)
