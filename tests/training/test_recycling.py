@@ -208,3 +208,26 @@ def test_a_file_it_cannot_write_leaves_the_hash_to_the_files(tmp_path):
         except Exception:  # noqa: BLE001 - whether safetensors itself takes it does not matter here
             pass
     assert files.others and files.digest() is None  # not the hash of half the weights
+
+
+def test_a_spare_that_a_loaded_model_maps_is_not_written_over(tiny_checkpoint, tmp_path):
+    """from_pretrained maps its safetensors copy-on-write: a model built from a save point (a resumed trainer)
+    would see its weights change if that point, once the spare, were written over in place."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from rlpipe.training.checkpoint import RecyclingSafetensors
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "spare")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "spare")  # maps spare/model.safetensors
+    before = {k: v.clone() for k, v in loaded.state_dict().items()}
+    other = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    with RecyclingSafetensors(tmp_path / "new", tmp_path / "spare") as files:
+        other.save_pretrained(tmp_path / "new", safe_serialization=True)
+    assert (tmp_path / "spare" / "model.safetensors").exists()  # left in place: a new file was written instead
+    assert all(torch.equal(before[k], v) for k, v in loaded.state_dict().items())
+    assert files.digest() == file_weights_sha256(tmp_path / "new")

@@ -142,15 +142,11 @@ class RecyclingWrites:
         torch.save(state_dict, self.buffer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
         size = self.buffer.tell()
         if self.spare is not None and self.folder is not None:
-            old = self.spare / Path(path).relative_to(self.folder)
-            if old.is_file():
-                os.replace(old, path)  # the spare's inode, and its pages, become this file
+            _take_spare(self.spare / Path(path).relative_to(self.folder), Path(path))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             with self.buffer.getbuffer() as view:
-                done = 0
-                while done < size:
-                    done += os.pwrite(fd, view[done:size], done)
+                _pwrite_all(fd, view[:size], 0)
             os.ftruncate(fd, size)
         finally:
             os.close(fd)
@@ -177,6 +173,35 @@ def _safetensors_header(tensors: dict[str, torch.Tensor],
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (-len(body) % 8)
     return len(body).to_bytes(8, "little") + body, offsets, at
+
+
+def _mapped_files() -> set[tuple[int, int, int]] | None:
+    """(major, minor, inode) of every file this process maps; None where ``/proc/self/maps`` cannot be read."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    out = set()
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) >= 5 and parts[4] != "0":
+            major, _, minor = parts[3].partition(":")
+            out.add((int(major, 16), int(minor, 16), int(parts[4])))
+    return out
+
+
+def _take_spare(old: Path, path: Path) -> None:
+    """Move a spare save point's file to ``path``, to be written over (its inode and pages reused) — unless this
+    process maps it. transformers' ``from_pretrained`` maps the safetensors it loads (copy-on-write): a trainer or
+    engine built from that save point would see its weights change under it where it has not written them yet.
+    Then, or where the maps cannot be read, the write goes to a new file."""
+    if not old.is_file():
+        return
+    st = old.stat()
+    mapped = _mapped_files()
+    if mapped is None or (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in mapped:
+        return
+    os.replace(old, path)
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -232,9 +257,7 @@ class RecyclingSafetensors:
         cpu = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
         header, offsets, size = _safetensors_header(cpu, metadata)
         if self.spare is not None and path.is_relative_to(self.folder):
-            old = self.spare / path.relative_to(self.folder)
-            if old.is_file():
-                os.replace(old, path)  # the spare's inode, and its pages, become this file
+            _take_spare(self.spare / path.relative_to(self.folder), path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             _pwrite_all(fd, memoryview(header), 0)
