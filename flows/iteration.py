@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import wait
 from typing import Any
 
 from prefect import flow
@@ -51,7 +52,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
             u = update(config, run_id, iteration, [dv for _, dv in draws])
     except BaseException:
         if ahead:
-            ahead.wait()  # never leave the engine generating behind a failed iteration
+            wait([ahead])  # never leave the engine generating behind a failed iteration
         raise
     waited = time.perf_counter()
     nxt = ahead.result() if ahead else None  # the engine is reloaded only once the batch ahead is written
@@ -85,9 +86,11 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         tracker.log_table(mlflow_run_id, [{"iteration": iteration} | x for x in ev["samples"]], "generations.json")
     _record(config, run_id, iteration, draws, metrics, u, ev, val, registered, save_point)
     run_logger().info(
-        "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (overhead %.0f%%)",
+        "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (generate %.2f, verify %.2f, update %.2f, "
+        "sync %.2f; overhead %.0f%%)",
         iteration, metrics["reward_mean"], metrics["accuracy"],
         f", held-out {ev['accuracy']:.3f}" if ev else "", metrics.get("loss", float("nan")), metrics["time/iteration_s"],
+        metrics["time/generate_s"], metrics["time/verify_s"], metrics["time/update_s"], metrics["time/sync_s"],
         100 * metrics["time/overhead_share"],
     )
     return {"iteration": iteration, "metrics": metrics, "registered": registered, "alerts": [a.as_dict() for a in fired]}

@@ -38,6 +38,7 @@ from rlpipe.storage.store import open_store
 from rlpipe.training.checkpoint import file_weights_sha256, read_trainer_state
 from rlpipe.training.sft import render_prompt
 from tasks._log import run_logger
+from tasks.stage import stage
 
 
 def _store(config: RunConfig):
@@ -346,7 +347,7 @@ def _join_prefetch(svc: RunServices, iteration: int, draw: int) -> float | None:
     return time.perf_counter() - start
 
 
-@task(name="rollout", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=3600)
+@stage("rollout", retries=1, retry_delay_s=1, timeout_s=3600)
 def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> dict[str, Any]:
     """The draw's batch: generated here, or taken from the store (generated ahead, or before a resume)."""
     waited = _join_prefetch(services(run_id), iteration, draw)
@@ -417,14 +418,12 @@ def check_staleness(config: RunConfig, iteration: int, staleness: int, what: str
             "Generate it after the weight sync (rollout.async_steps: 0), or raise the bound")
 
 
-def _retry_unless_guard(task: Any, task_run: Any, state: Any) -> bool:
+def _retry_unless_guard(exc: BaseException) -> bool:
     """Retry a failed verify, except when a reward guard tripped: rescoring would only repeat it."""
-    exc = state.result(raise_on_failure=False)
     return not isinstance(exc, (RewardCircuitOpen, SandboxFloorError))
 
 
-@task(name="verify", retries=1, retry_delay_seconds=1, retry_condition_fn=_retry_unless_guard, cache_policy=NO_CACHE,
-      timeout_seconds=3600)
+@stage("verify", retries=1, retry_delay_s=1, timeout_s=3600, retry_if=_retry_unless_guard)
 def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str, Any], draw: int = 0,
            reward_norm: dict[str, float] | None = None) -> dict[str, Any]:
     """Score the rollout. ``reward_norm``: the reward normaliser's state before this draw (RLHF)."""
@@ -483,7 +482,7 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: dict[str
 
 # No retries: an update that failed half-way has touched the optimizer; the run resumes from the
 # last saved state instead.
-@task(name="update", cache_policy=NO_CACHE, timeout_seconds=3600)
+@stage("update", timeout_s=3600)
 def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[dict[str, Any]]) -> dict[str, Any]:
     """One trainer update on the iteration's scored draws (with dynamic sampling: the groups with signal)."""
     svc = services(run_id)
@@ -598,7 +597,7 @@ def prove_sync(svc: RunServices, when: str) -> dict[str, float]:
     return {"probe_max_abs_diff": gap, "probe_policy_change": change, "probe_tokens": float(probe.tokens)}
 
 
-@task(name="sync-weights", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, timeout_seconds=600)
+@stage("sync-weights", retries=2, retry_delay_s=1, timeout_s=600)
 def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dict[str, Any]) -> dict[str, Any]:
     """Reload the trained weights into the engine in place, then prove it: the engine's hash must equal
     the trainer's export, and the engine's log-probs on the probe batch the trainer's."""
@@ -632,7 +631,7 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
                        agent=config.agent, env_url=_urls(config).env_url if config.agent is not None else None)
 
 
-@task(name="upload-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=600)
+@stage("upload-checkpoint", retries=2, retry_delay_s=2, timeout_s=600)
 def upload_checkpoint(config: RunConfig, run_id: str, iteration: int, update_ref: dict[str, Any]) -> dict[str, Any]:
     """Copy the iteration's full resumable state (weights, tokenizer, optimizer and critic states, KL
     controller, RNG, iteration) to the store; a redo finds a whole copy and keeps it."""

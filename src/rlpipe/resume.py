@@ -31,7 +31,8 @@ __all__ = ["ADDED_KEYS", "EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config
 EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
 # Sections that watch, tidy or place a run without steering it (alerts, retention, where its services run,
 # when an on-policy batch is generated): free to change on a resume.
-OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models", "rollout.prefetch")
+OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models", "tracking.stage_task_runs",
+                        "rollout.prefetch")
 
 
 # Keys added after runs were recorded without them, each with its value that is the behaviour from before it

@@ -5,6 +5,7 @@ sampling policy, a staler batch is refused or redone, and a kill with a batch in
 weights of an uninterrupted run (the batch ahead belongs to the iteration that generated it)."""
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -34,7 +35,9 @@ def api(prefect_harness):
 
 @pytest.fixture(scope="module")
 def uninterrupted(api, tiny_checkpoint, even_task):
-    sets = rl_overrides(tiny_checkpoint, "rlasync", "hf", even_task, iterations=3) + ["rollout.async_steps=1"]
+    # With a task run per stage: the batch ahead is a task run of the iteration that started it, on another thread.
+    sets = rl_overrides(tiny_checkpoint, "rlasync", "hf", even_task, iterations=3) + [
+        "rollout.async_steps=1", "tracking.stage_task_runs=true"]
     ref = _cli(_args("rl-async-ref", sets), {}, api)
     assert ref.returncode == 0, ref.stderr[-3000:]
     return sets, json.loads((settings().run_dir("rl-async-ref") / "summary.json").read_text())
@@ -64,6 +67,23 @@ def test_each_batch_is_sampled_one_update_behind_and_says_so(uninterrupted, tiny
     # only), iteration 1 on the start policy's after update 0 moved the trainer.
     gap = [h["mismatch/abs_max"] for h in history]
     assert gap[1] > 1e-4 and gap[1] > 10 * gap[0], gap
+
+
+def test_each_stage_is_a_task_run_of_its_iteration_where_asked(uninterrupted):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        for k, ahead in ((0, ["rollout"]), (1, ["rollout"]), (2, [])):
+            # its own rollout (from k ≥ 1 it takes the batch generated ahead) and the one ahead, but at the last
+            want = sorted(["rollout", "verify"] + ahead + ["update", "sync-weights", "upload-checkpoint",
+                                                                   "register-checkpoint"])
+            flt = FlowRunFilter(name=FlowRunFilterName(any_=[f"rl-async-ref-iter-{k}"]))
+            deadline = time.time() + 30  # task runs reach the server as events
+            while len(runs := client.read_task_runs(flow_run_filter=flt)) < len(want) and time.time() < deadline:
+                time.sleep(0.5)
+            assert sorted(r.name.rsplit("-", 1)[0] for r in runs) == want, (k, runs)
+            assert {r.state_type.value for r in runs} == {"COMPLETED"}
 
 
 def test_a_kill_with_a_batch_in_flight_resumes_to_the_same_weights(api, uninterrupted):
