@@ -62,6 +62,8 @@ def test_kill_at_every_stage_boundary_resumes_to_the_same_weights(api, reference
     mine = [mv for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'") if mv.tags["run_id"] == "rl-kill"]
     assert sorted(int(mv.tags["iteration"]) for mv in mine) == [0, 1, 2]  # never a second version of a redone iteration
     assert [mv.tags["weights_sha256"] for mv in sorted(mine, key=lambda m: int(m.tags["iteration"]))][-1] == ref["final_policy_version"]
+    for key in ("time/iteration_s", "time/iteration_total_s"):  # each iteration's metrics in MLflow, once
+        assert sorted(m.step for m in tracker.client.get_metric_history(got["mlflow_run_id"], key)) == [0, 1, 2], key
 
     again = _cli(_args("rl-kill", sets), {}, api)  # a finished run run again changes nothing
     assert again.returncode == 0, again.stderr[-3000:]
