@@ -15,8 +15,8 @@ from rlpipe.tracking.mlflow_utils import Tracker
 from rlpipe.tracking.resources import monitor
 from tasks._log import run_logger
 from tasks.rl import (
-    background_metrics, evaluate, fault_point, prefetch_rollout, read_progress, rollout, run_history, run_state,
-    sync_weights, update, upload_checkpoint, verify, write_progress,
+    evaluate, fault_point, prefetch_rollout, read_progress, rollout, run_history, run_state, sync_weights, update,
+    upload_checkpoint, verify, write_progress,
 )
 from tasks.tracking import register_checkpoint
 
@@ -77,15 +77,13 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     if config.rollout.prefetch and iteration < last:  # the next batch, on-policy, while this flow run ends
         prefetch_rollout(config, run_id, iteration + 1)
     fired = _alerts(config, run_id, iteration, metrics)
-    # On a thread, while this flow run ends and the next one starts; before the record, so that a resume finds at
-    # most the last recorded iteration's metrics missing from MLflow (and logs them again).
-    background_metrics(config, run_id).log(mlflow_run_id, metrics, iteration)
+    # A direct call, not a task: per-iteration logging should not pay for a task run of its own.
+    tracker = Tracker(settings(), config)
+    tracker.log_metrics(mlflow_run_id, metrics, iteration)
     if fired:
-        Tracker(settings(), config).log_table(mlflow_run_id, [{"iteration": iteration} | a.as_dict() for a in fired],
-                                              "alerts.json")
+        tracker.log_table(mlflow_run_id, [{"iteration": iteration} | a.as_dict() for a in fired], "alerts.json")
     if ev and ev.get("samples"):  # what the policy wrote, next to the numbers: MLflow's Evaluation view
-        Tracker(settings(), config).log_table(mlflow_run_id, [{"iteration": iteration} | x for x in ev["samples"]],
-                                              "generations.json")
+        tracker.log_table(mlflow_run_id, [{"iteration": iteration} | x for x in ev["samples"]], "generations.json")
     _record(config, run_id, iteration, draws, metrics, u, ev, val, registered, save_point)
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (generate %.2f, verify %.2f, update %.2f, "

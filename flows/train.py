@@ -26,9 +26,7 @@ from tasks._log import run_logger
 from tasks.alerts import cancel_requested, raise_alerts
 from tasks.data import prepare_dataset
 from tasks.preflight import preflight_task
-from tasks.rl import (
-    background_metrics, evaluate, read_progress, run_dir, run_history, run_state, start_services, state_dir, write_progress,
-)
+from tasks.rl import evaluate, read_progress, run_dir, run_history, run_state, start_services, state_dir, write_progress
 from tasks.tracking import end_tracking, log_metrics, start_tracking
 
 
@@ -130,7 +128,6 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
                 Tracker(settings(), config).log_table(mlflow_run, [{"iteration": -1} | x for x in base["samples"]], "generations.json")
             log.info("base policy: held-out accuracy %.3f (n=%d), validation %s (n=%d)", base["accuracy"], base["n"],
                      "none" if val["accuracy"] is None else f"{val['accuracy']:.3f}", val["n"])
-        _backfill_metrics(config, run_id, mlflow_run, first - 1)
         eta = Eta(config.train.total_iterations, done=first)
         mark = time.perf_counter()  # an iteration's total runs from the last one's mark to its own: nothing is left out
         for k in range(first, config.train.total_iterations):
@@ -143,7 +140,6 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             log.info("run %s: iteration %s", run_id, eta.tick(k + 1))
             if reason := raise_alerts(config, run_id, k, out["alerts"]):
                 return _cancelled(config, run_id, mlflow_run, k, reason)
-        background_metrics(config, run_id).flush()  # the last iteration's, before the summary reads MLflow
     except BaseException:
         end_tracking(config, mlflow_run, "FAILED")
         raise
@@ -251,41 +247,18 @@ def _record_change(config: RunConfig, run_id: str, mlflow_run: str, progress: di
                                            "config_changes": progress.get("config_changes", []) + [{"iteration": at, "changes": changes}]})
 
 
-OUTER_METRICS = ("time/iteration_total_s", "time/overhead_total_s", "time/overhead_total_share")
-
-
 def _account_outer_time(config: RunConfig, run_id: str, k: int, mlflow_run: str, m: dict[str, float], total: float) -> None:
     """Overhead as the parent sees it: ``total`` is the parent's wall since the previous iteration's mark, so it
     holds the iteration flow run's own start/finish and the parent's work between iterations (the previous
     iteration's outer logging and alert check, this one's cancel check): the totals add up to the loop's wall up
     to the last mark."""
-    compute = m["time/generate_s"] + m["time/verify_s"] + m["time/update_s"]
-    overhead = total - compute - m["time/eval_s"]
-    extra = dict(zip(OUTER_METRICS, (total, overhead, overhead / max(total - m["time/eval_s"], 1e-9))))
-    run_history(run_id).extend(k, extra)
-    if mlflow_run:
-        background_metrics(config, run_id).log(mlflow_run, extra, k)
-
-
-def _backfill_metrics(config: RunConfig, run_id: str, mlflow_run: str, k: int) -> None:
-    """The metrics of iteration ``k`` (the last recorded one) where MLflow lacks them: the process that ran it
-    may have been killed while they were being logged (MetricsInBackground). Logged once: what MLflow has is
-    looked up first."""
     from rlpipe.tracking.mlflow_utils import Tracker
 
-    if k < 0 or not mlflow_run:
-        return
-    rec = next((h for h in run_history(run_id).tail(1) if h.get("iteration") == k), None)
-    if rec is None:
-        return
-    tracker = Tracker(settings(), config)
-    inner = {key: v for key, v in rec.items() if key != "iteration" and key not in OUTER_METRICS}
-    outer = {key: rec[key] for key in OUTER_METRICS if key in rec}
-    for probe, part in (("time/iteration_s", inner), (OUTER_METRICS[0], outer)):
-        if part and k not in {m.step for m in tracker.client.get_metric_history(mlflow_run, probe)}:
-            tracker.log_metrics(mlflow_run, part, k)
-            run_logger().info("run %s: iteration %d's metrics (%d) logged to MLflow again: they had not reached it "
-                              "before the process stopped", run_id, k, len(part))
+    compute = m["time/generate_s"] + m["time/verify_s"] + m["time/update_s"]
+    extra = {"time/iteration_total_s": total, "time/overhead_total_s": total - compute - m["time/eval_s"],
+             "time/overhead_total_share": (total - compute - m["time/eval_s"]) / max(total - m["time/eval_s"], 1e-9)}
+    Tracker(settings(), config).log_metrics(mlflow_run, extra, k)
+    run_history(run_id).extend(k, extra)
 
 
 def _summary(config: RunConfig, run_id: str, dataset: dict[str, Any], mlflow_run: str, progress: dict[str, Any],

@@ -75,16 +75,6 @@ def write_progress(run_id: str, progress: dict[str, Any]) -> None:
     os.replace(tmp, p)
 
 
-def background_metrics(config: RunConfig, run_id: str) -> Any:
-    """The run's MLflow metrics logger (one log at a time on a thread; see MetricsInBackground)."""
-    from rlpipe.tracking.mlflow_utils import MetricsInBackground, Tracker
-
-    svc = services(run_id)
-    if svc.metrics is None:
-        svc.metrics = MetricsInBackground(Tracker(settings(), config))
-    return svc.metrics
-
-
 def run_history(run_id: str) -> RunHistory:
     """The run's per-iteration metrics on this machine (``runs/<id>/history.jsonl``, append-only)."""
     return RunHistory(run_dir(run_id) / "history.jsonl")

@@ -29,7 +29,6 @@ class RunServices:
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)  # prompt id → prompt row
     # Work started ahead on the engine (rollout.prefetch): (iteration, concurrent.futures.Future), or None.
     background: tuple[int, Any] | None = None
-    metrics: Any = None  # the run's MetricsInBackground (MLflow), once an iteration has logged
 
 
 _SERVICES: dict[str, RunServices] = {}
@@ -58,11 +57,5 @@ def stop_services(run_id: str) -> None:
         if (err := future.exception()) is not None:
             logging.getLogger("rlpipe").warning("run %s stopped; the batch of iteration %d generated ahead failed "
                                                 "(a resume generates it again): %s", run_id, iteration, err)
-    if s.metrics is not None:  # a run that ends by an error or a cancel: its last metrics still go out
-        try:
-            s.metrics.close()
-        except Exception as e:  # noqa: BLE001 - the error that ended the run is the one to raise
-            logging.getLogger("rlpipe").warning("run %s: its last metrics could not be logged to MLflow (a resume "
-                                                "logs them again): %s", run_id, e)
     if s.pool is not None:
         s.pool.close()

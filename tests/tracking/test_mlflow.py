@@ -33,56 +33,6 @@ def test_run_params_and_metrics(cfg):
 
 
 
-def test_metrics_logged_in_the_background_arrive_in_order_and_a_failure_is_raised(cfg):
-    import threading
-
-    from rlpipe.tracking.mlflow_utils import MetricsInBackground
-
-    tracker = Tracker(settings(), cfg)
-    rid = tracker.start_run(cfg, "run-bg", "rl")
-    threads = []
-    real = tracker.log_metrics
-    tracker.log_metrics = lambda *a: threads.append(threading.current_thread().name) or real(*a)
-    bg = MetricsInBackground(tracker)
-    for step in range(5):
-        bg.log(rid, {"reward_mean": step / 10, "time/iteration_s": 1.0}, step)
-    bg.flush()
-    history = tracker.client.get_metric_history(rid, "reward_mean")
-    assert [(m.step, m.value) for m in history] == [(k, k / 10) for k in range(5)]
-    assert len(threads) == 5 and threading.current_thread().name not in threads
-    # A log that fails (here: a run MLflow does not have) is raised by the next call, never dropped.
-    bg.log("no-such-run", {"reward_mean": 1.0}, 5)
-    with pytest.raises(Exception, match="no-such-run"):
-        bg.log(rid, {"reward_mean": 0.6}, 6)
-    bg.log("no-such-run", {"reward_mean": 1.0}, 7)
-    with pytest.raises(Exception, match="no-such-run"):
-        bg.close()
-
-
-def test_a_resume_logs_the_last_iterations_metrics_that_mlflow_lacks_once(cfg):
-    from flows.train import OUTER_METRICS, _backfill_metrics
-    from tasks.rl import run_history
-
-    tracker = Tracker(settings(), cfg)
-    rid = tracker.start_run(cfg, "run-fill", "rl")
-    history = run_history("run-fill")
-    for k in (0, 1):
-        inner, outer = {"reward_mean": 0.1 * k, "time/iteration_s": 1.0 + k}, dict.fromkeys(OUTER_METRICS, 2.0 + k)
-        history.add(k, inner)
-        history.extend(k, outer)
-        tracker.log_metrics(rid, inner, k)
-    tracker.log_metrics(rid, dict.fromkeys(OUTER_METRICS, 2.0), 0)  # iteration 1's outer metrics never arrived
-    for _ in range(2):  # a second resume finds them there
-        _backfill_metrics(cfg, "run-fill", rid, 1)
-        assert [(m.step, m.value) for m in tracker.client.get_metric_history(rid, "time/overhead_total_s")] == [(0, 2.0), (1, 3.0)]
-        assert [m.step for m in tracker.client.get_metric_history(rid, "reward_mean")] == [0, 1]
-    # A run whose only iteration reached MLflow not at all.
-    rid2 = tracker.start_run(cfg, "run-fill-2", "rl")
-    run_history("run-fill-2").add(0, {"reward_mean": 0.5, "time/iteration_s": 1.0})
-    _backfill_metrics(cfg, "run-fill-2", rid2, 0)
-    assert tracker.client.get_run(rid2).data.metrics == {"reward_mean": 0.5, "time/iteration_s": 1.0}
-
-
 def test_system_metrics_of_a_run_shorter_than_one_interval_are_logged(cfg):
     # MLflow's monitor publishes once per interval and drops a partial one at finish: a short run had none.
     tracker = Tracker(settings(), cfg)

@@ -30,8 +30,7 @@ CONFIG_ARTIFACT = "config.json"
 PROMOTION_ALIASES = frozenset({"best", "champion"})
 LINEAGE_TAGS = ("run_id", "iteration", "config_fingerprint", "dataset_version", "parent_version", "weights_sha256")
 
-__all__ = ["CONFIG_ARTIFACT", "LINEAGE_TAGS", "PROMOTION_ALIASES", "MetricsInBackground", "Tracker", "ModelVersionInfo",
-           "mlflow_alias", "mlflow_ui_command"]
+__all__ = ["CONFIG_ARTIFACT", "LINEAGE_TAGS", "PROMOTION_ALIASES", "Tracker", "ModelVersionInfo", "mlflow_alias", "mlflow_ui_command"]
 
 
 def mlflow_alias(alias: str) -> str:
@@ -228,38 +227,6 @@ class Tracker:
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(name, mlflow_alias(alias), version)
-
-
-class MetricsInBackground:
-    """An RL run's per-iteration metrics, logged to MLflow on a thread while the next iteration's flow run
-    starts (the main thread waits on the Prefect API there): ~30 ms of the demo's iteration.
-
-    One log at a time: :meth:`log` first waits for the one before it and raises its error, so a failed log
-    stops the run one call later instead of never; :meth:`flush` waits for the last. A process killed with a
-    log under way leaves that iteration's metrics out of MLflow: a resume logs them again from the run's
-    history (``flows/train.py``, ``_backfill_metrics``)."""
-
-    def __init__(self, tracker: Tracker):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.tracker = tracker
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlpipe-mlflow")
-        self._pending: Any = None
-
-    def log(self, mlflow_run_id: str, metrics: dict[str, float], step: int) -> None:
-        self.flush()
-        self._pending = self._pool.submit(self.tracker.log_metrics, mlflow_run_id, dict(metrics), step)
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            self._pool.shutdown(wait=False)
 
 
 def _FlushingMonitor(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - builds a class deriving from a lazy import
