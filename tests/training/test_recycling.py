@@ -59,7 +59,8 @@ def test_without_a_spare_the_file_is_new(tmp_path):
     assert _same(torch.load(tmp_path / "a" / "s.pt", weights_only=False), _state(10, 3))
 
 
-def test_the_trainer_writes_its_optimizer_over_the_spare_and_resumes_the_same(tiny_checkpoint, tmp_path):
+def test_the_trainer_writes_its_optimizer_over_the_spare_and_resumes_the_same(tiny_checkpoint, tmp_path, monkeypatch):
+    import rlpipe.training.checkpoint as ck
     from tests.helpers.dist_update import fixed_batch
     from tests.training.test_trainer import _grpo_trainer
 
@@ -72,7 +73,10 @@ def test_the_trainer_writes_its_optimizer_over_the_spare_and_resumes_the_same(ti
     inodes = [os.stat(tmp_path / "iter=0" / f).st_ino for f in (rel, "model.safetensors")]
     batch = fixed_batch(32)[16:]
     a.update(batch, 1)
+    reads = []
+    monkeypatch.setattr(ck, "_mapped_files", lambda real=ck._mapped_files: reads.append(1) or real())
     digest = a.save(tmp_path / "iter=1", spare=tmp_path / "iter=0")
+    assert len(reads) == 1  # the process's maps read once for the save's two files (~7 ms a read in the RL loop)
     assert [os.stat(tmp_path / "iter=1" / f).st_ino for f in (rel, "model.safetensors")] == inodes  # both written over
     assert digest == file_weights_sha256(tmp_path / "iter=1")
     after = fixed_batch(48)[32:]

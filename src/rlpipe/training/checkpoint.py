@@ -22,7 +22,7 @@ import torch
 
 TRAINER_STATE = "trainer_state.json"
 
-__all__ = ["RecyclingSafetensors", "RecyclingWrites", "file_weights_sha256", "load_checkpoint", "save_checkpoint",
+__all__ = ["RecyclingSafetensors", "RecyclingWrites", "Spare", "file_weights_sha256", "load_checkpoint", "save_checkpoint",
            "weights_sha256", "rng_state", "set_rng_state"]
 
 
@@ -127,14 +127,14 @@ class RecyclingWrites:
         self.inner = inner
         self.buffer = io.BytesIO()
         self.folder: Path | None = None
-        self.spare: Path | None = None
+        self.spare: Spare | None = None
 
     def __getattr__(self, name: str) -> Any:  # everything but save is the wrapped engine's
         return getattr(self.inner, name)
 
-    def recycle(self, folder: Path, spare: Path | None) -> "RecyclingWrites":
+    def recycle(self, folder: Path, spare: Spare | Path | None) -> "RecyclingWrites":
         """Saves below ``folder`` may take their file's place from the same relative path below ``spare``."""
-        self.folder, self.spare = Path(folder), Path(spare) if spare else None
+        self.folder, self.spare = Path(folder), Spare.of(spare)
         return self
 
     def save(self, state_dict: dict[str, Any], path: str) -> None:
@@ -142,7 +142,7 @@ class RecyclingWrites:
         torch.save(state_dict, self.buffer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
         size = self.buffer.tell()
         if self.spare is not None and self.folder is not None:
-            _take_spare(self.spare / Path(path).relative_to(self.folder), Path(path))
+            self.spare.take(Path(path).relative_to(self.folder), Path(path))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             with self.buffer.getbuffer() as view:
@@ -190,18 +190,35 @@ def _mapped_files() -> set[tuple[int, int, int]] | None:
     return out
 
 
-def _take_spare(old: Path, path: Path) -> None:
-    """Move a spare save point's file to ``path``, to be written over (its inode and pages reused) — unless this
-    process maps it. transformers' ``from_pretrained`` maps the safetensors it loads (copy-on-write): a trainer or
-    engine built from that save point would see its weights change under it where it has not written them yet.
-    Then, or where the maps cannot be read, the write goes to a new file."""
-    if not old.is_file():
-        return
-    st = old.stat()
-    mapped = _mapped_files()
-    if mapped is None or (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in mapped:
-        return
-    os.replace(old, path)
+class Spare:
+    """An earlier save point no longer needed, whose files one save writes over (their inodes and pages reused).
+
+    A file of it is taken only where this process does not map it: transformers' ``from_pretrained`` maps the
+    safetensors it loads (copy-on-write), and a trainer or engine built from that save point would see its
+    weights change under it where it has not written them yet. Then, or where ``/proc/self/maps`` cannot be
+    read, the write goes to a new file. The maps are read once, at the first file taken: in the RL loop's process
+    (torch, vLLM) a read costs ~7 ms, and one save takes two or three files."""
+
+    def __init__(self, folder: Path | str):
+        self.folder = Path(folder)
+        self._mapped: set[tuple[int, int, int]] | None = None
+        self._read = False
+
+    @classmethod
+    def of(cls, spare: "Spare | Path | str | None") -> "Spare | None":
+        return spare if isinstance(spare, Spare) or spare is None else cls(spare)
+
+    def take(self, relative: Path, path: Path) -> None:
+        """Move the spare's file at ``relative`` to ``path``, to be written over, unless it is mapped here."""
+        old = self.folder / relative
+        if not old.is_file():
+            return
+        if not self._read:
+            self._mapped, self._read = _mapped_files(), True
+        st = old.stat()
+        if self._mapped is None or (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in self._mapped:
+            return
+        os.replace(old, path)
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -224,8 +241,8 @@ class RecyclingSafetensors:
     A context manager around one ``save_pretrained`` call of this thread; other threads' saves are untouched.
     """
 
-    def __init__(self, folder: Path, spare: Path | None):
-        self.folder, self.spare = Path(folder), Path(spare) if spare else None
+    def __init__(self, folder: Path, spare: Spare | Path | None):
+        self.folder, self.spare = Path(folder), Spare.of(spare)
         self.written: dict[str, torch.Tensor] = {}
         self.others = False
         self._thread: int | None = None
@@ -257,7 +274,7 @@ class RecyclingSafetensors:
         cpu = {n: t.detach().to("cpu").contiguous() for n, t in tensors.items()}
         header, offsets, size = _safetensors_header(cpu, metadata)
         if self.spare is not None and path.is_relative_to(self.folder):
-            _take_spare(self.spare / path.relative_to(self.folder), path)
+            self.spare.take(path.relative_to(self.folder), path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             _pwrite_all(fd, memoryview(header), 0)

@@ -47,7 +47,7 @@ from rlpipe.config import TrainConfig
 from rlpipe.net import free_port
 from rlpipe.storage.samples import Sample
 from rlpipe.training.checkpoint import (
-    TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
+    TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
 )
 
 __all__ = ["PolicyTrainer", "Sample", "init_distributed"]
@@ -851,13 +851,13 @@ class PolicyTrainer:
     def module(self) -> Any:
         return self.engine.module
 
-    def export_weights(self, folder: str | Path, spare: str | Path | None = None) -> str:
+    def export_weights(self, folder: str | Path, spare: Spare | str | Path | None = None) -> str:
         """HF weights + tokenizer (rank 0); returns the sha256 of the saved safetensors (``weights_sha256``).
         ``spare``: an earlier save point no longer needed, whose safetensors files are written over."""
         folder = Path(folder)
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            with RecyclingSafetensors(folder, Path(spare) if spare else None) as files:
+            with RecyclingSafetensors(folder, Spare.of(spare)) as files:
                 self.engine.module.save_pretrained(folder, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
             digest = files.digest() or file_weights_sha256(folder)
@@ -875,7 +875,7 @@ class PolicyTrainer:
         """A resumable checkpoint: HF weights + tokenizer + DeepSpeed optimizer state (+ the critic's) + trainer state.
         ``spare``: an earlier save point no longer needed, whose files are written over (RecyclingSafetensors for the
         weights, RecyclingWrites for DeepSpeed's)."""
-        folder = Path(folder)
+        folder, spare = Path(folder), Spare.of(spare)  # one Spare: this process's maps read once per save
         digest = self.export_weights(folder, spare)
         with _module_left_out(self.engine):  # the HF weights above are the module's: not written twice
             _recycling(self.engine, folder, spare).save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
@@ -908,7 +908,7 @@ class PolicyTrainer:
             set_rng_state(torch.load(rng, weights_only=False))
 
 
-def _recycling(engine: Any, folder: Path, spare: str | Path | None) -> Any:
+def _recycling(engine: Any, folder: Path, spare: Spare | None) -> Any:
     if isinstance(engine.checkpoint_engine, RecyclingWrites):
         engine.checkpoint_engine.recycle(folder, spare)
     return engine
