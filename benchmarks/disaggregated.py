@@ -428,7 +428,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.serve:
         return serve_timed(a.serve, a.stores.split(","), [int(p) for p in a.ports.split(",")], a.timings)
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's code, a worktree's too (not the installed one)
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp, start = time.strftime("%Y%m%d-%H%M%S"), time.perf_counter()

@@ -100,7 +100,9 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    sys.path.insert(0, str(ROOT))
+    # This checkout's code, a worktree's too, not the installed one; in the processes it starts as well.
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
     from flows.sft import sft
     from flows.train import train

@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/packing.json"))
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's code, a worktree's too (not the installed one)
     from profile_update import samples, untrained_policy
     from rlpipe.config import RunConfig
     from rlpipe.training.trainer import PolicyTrainer

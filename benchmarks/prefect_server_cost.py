@@ -27,7 +27,7 @@ from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "src"), str(Path(__file__).resolve().parents[1])]
 
 SERVICES = ("SCHEDULER", "FOREMAN", "LATE_RUNS", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "CANCELLATION_CLEANUP",
             "CLEANUP_RECONCILER", "TRIGGERS", "EVENT_PERSISTER", "TASK_RUN_RECORDER")

@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/update-profile.json"))
     ap.add_argument("--top", type=int, default=25, help="print the top functions by own time")
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's code, a worktree's too (not the installed one)
     from rlpipe.config import RunConfig
     from rlpipe.training.trainer import PolicyTrainer
 

@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--out", type=Path, default=Path("rm_bench.json"))
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's code, a worktree's too (not the installed one)
     from tests.helpers.s3server import free_port
 
     rows = []

@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--out", default="/tmp/rlpipe-bench/verifier.json")
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's code, a worktree's too (not the installed one)
     result: dict = {"code_s": code_latency(), "math_per_s": {k: {w: round(pool_rate(w, a.n if k == "plain" else a.n // 4, k), 1) for w in (1, 2)}
                                    for k in ("plain", "latex")}}
 
