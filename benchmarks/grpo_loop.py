@@ -102,7 +102,8 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # This checkout's code, a worktree's too, not the installed one; in the processes it starts as well.
     sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    inherited = [p for p in [os.environ.get("PYTHONPATH")] if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)] + inherited)
 
     from flows.sft import sft
     from flows.train import train

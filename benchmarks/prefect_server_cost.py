@@ -76,8 +76,8 @@ class Requests:
 
     def table(self, runs: int) -> str:
         rows = sorted(self.seen.items(), key=lambda kv: -sum(kv[1]))
-        return "\n".join(f"  {m:5} {p:42} {len(v) / runs:4.1f} per run, median {statistics.median(v) * 1000:5.1f} ms"
-                         for (m, p), v in rows)
+        return "\n".join(f"  {m:5} {p:42} {len(v) / runs:4.1f} per run, "
+                         f"median {statistics.median(v) * 1000:5.1f} ms" for (m, p), v in rows)
 
 
 def main() -> None:
