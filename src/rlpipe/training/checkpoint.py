@@ -14,6 +14,7 @@ import os
 import random
 import threading
 from collections.abc import Iterable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +202,6 @@ class Spare:
 
     def __init__(self, folder: Path | str):
         self.folder = Path(folder)
-        self._mapped: set[tuple[int, int, int]] | None = None
-        self._read = False
 
     @classmethod
     def of(cls, spare: "Spare | Path | str | None") -> "Spare | None":
@@ -213,12 +212,15 @@ class Spare:
         old = self.folder / relative
         if not old.is_file():
             return
-        if not self._read:
-            self._mapped, self._read = _mapped_files(), True
         st = old.stat()
         if self._mapped is None or (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in self._mapped:
             return
         os.replace(old, path)
+
+    @cached_property
+    def _mapped(self) -> set[tuple[int, int, int]] | None:
+        """(device major, minor, inode) of each file this process maps, read at the first file taken."""
+        return _mapped_files()
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
