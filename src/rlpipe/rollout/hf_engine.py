@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.tokens import eos_ids, ensure_pad_token
 from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint, weights_sha256
 
 
@@ -35,9 +36,7 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
-        eos = set(self.model.generation_config.eos_token_id or [])
-        if isinstance(self.model.generation_config.eos_token_id, int):
-            eos = {self.model.generation_config.eos_token_id}
+        eos = eos_ids(self.model.generation_config, self.tokenizer)
         pad, dev = self.tokenizer.pad_token_id, self.device
         flat = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         out: list[list[Completion]] = [[] for _ in prompts]

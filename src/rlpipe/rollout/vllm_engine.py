@@ -62,11 +62,14 @@ def _readback(model: Any, fed: dict[str, torch.Tensor]) -> tuple[int, list[str]]
     Returns (tensors compared, names that differ).
     """
     packed = getattr(model, "packed_modules_mapping", {}) or {}
+    vocab = _vocab_rows(model)
     compared, differ = 0, []
     for name, p in model.named_parameters():
         if p.numel() == 0 or p.is_meta:
             continue
         t = p.detach().to("cpu")
+        if name in vocab:  # the engine pads the vocabulary (716 -> 768 rows): compare the checkpoint's rows
+            t = t[: vocab[name]]
         for fused, parts in packed.items():
             if f".{fused}." in name:
                 names = [name.replace(f".{fused}.", f".{part}.") for part in parts]
@@ -84,6 +87,22 @@ def _readback(model: Any, fed: dict[str, torch.Tensor]) -> tuple[int, list[str]]
             if piece.shape != fed[n].shape or not torch.equal(piece, fed[n].to(piece.dtype)):
                 differ.append(n)
     return compared, differ
+
+
+def _vocab_rows(model: Any) -> dict[str, int]:
+    """Parameter name -> the checkpoint's vocabulary rows, for embeddings and output layers vLLM pads.
+
+    vLLM rounds a vocabulary up to a multiple of 64 (``VocabParallelEmbedding.num_embeddings_padded``) and
+    leaves the extra rows out of every softmax; a hub checkpoint's 151,936 rows are a multiple, a vocabulary of
+    716 or 1,000 is not. Without this the read-back saw (768, d) held against (716, d) fed and refused every
+    sync of such a checkpoint."""
+    out = {}
+    for mod_name, module in model.named_modules():
+        rows = getattr(module, "org_vocab_size", None)
+        padded = getattr(module, "num_embeddings_padded", None)
+        if isinstance(rows, int) and isinstance(padded, int) and padded > rows:
+            out[f"{mod_name}.weight" if mod_name else "weight"] = rows
+    return out
 
 
 def _repack_embeddings(model: Any) -> int:

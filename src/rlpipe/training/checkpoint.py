@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlpipe.tokens import ensure_pad_token
+
 TRAINER_STATE = "trainer_state.json"
 
 __all__ = ["RecyclingSafetensors", "RecyclingWrites", "Spare", "file_weights_sha256", "load_checkpoint", "save_checkpoint",
@@ -100,7 +102,7 @@ def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32) -> t
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} is not an HF model folder (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = ensure_pad_token(AutoTokenizer.from_pretrained(folder))
     return model, tokenizer, read_trainer_state(folder, missing_ok=True)
 
 

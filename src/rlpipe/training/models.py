@@ -61,8 +61,6 @@ def load_model(spec: str, cfg: RunConfig, s: Settings, dtype: torch.dtype = torc
         return build_tiny_model(cfg.model, tok, seed=cfg.seed, dtype=dtype), tok, "tiny"
     source = resolve_source(spec, s, cfg)
     model, tok, _ = load_checkpoint(fetch_source(source, s), dtype=dtype)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
     return model, tok, source
 
 

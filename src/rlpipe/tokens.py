@@ -1,0 +1,66 @@
+"""What a checkpoint says about its text: end tokens, the pad token, the chat template.
+
+The checkpoint decides these, not rlpipe (``ARCHITECTURE.md``, "Models"); every place that turns text into
+tokens or decides where a response ends asks here. Hub checkpoints disagree on the form: Qwen2's
+``generation_config.json`` gives EOS as an int, Llama-3's as a list; Llama-3 has no pad token at all.
+No heavy imports: engines, the trainer and the services all stand on this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["eos_ids", "ensure_pad_token", "require_chat_template"]
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        return [int(v) for v in value]
+    raise TypeError(f"eos_token_id must be an int or a list of ints, not {value!r}")
+
+
+def eos_ids(generation_config: Any, tokenizer: Any, override: Iterable[int | str] | None = None) -> set[int]:
+    """The token ids that end a response: ``override`` when given (ids or token strings, e.g. from
+    ``rollout.stop_tokens``), else the generation config's ``eos_token_id`` (an int or a list) together with the
+    tokenizer's EOS, as vLLM stops on both."""
+    if override is not None:
+        out = set()
+        for t in override:
+            tid = t if isinstance(t, int) else tokenizer.convert_tokens_to_ids(t)
+            if tid is None or (isinstance(t, str) and tid == getattr(tokenizer, "unk_token_id", object())):
+                raise ValueError(f"stop token {t!r} is not in the model's vocabulary")
+            out.add(int(tid))
+        return out
+    out = set(_as_ids(getattr(generation_config, "eos_token_id", None)))
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        out.add(int(tokenizer.eos_token_id))
+    if not out:
+        raise ValueError("the model names no end token: neither generation_config.json nor the tokenizer has "
+                         "eos_token_id; set rollout.stop_tokens in the config")
+    return out
+
+
+def ensure_pad_token(tokenizer: Any) -> Any:
+    """Give a tokenizer without a pad token (Llama-3) one: its EOS, as TRL and verl do.
+
+    Padding never carries loss or attention in rlpipe (attention masks and loss masks are built from lengths),
+    so which id fills it does not change any number; it only has to exist for batching."""
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad with; add a pad token "
+                             "to its tokenizer_config.json")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def require_chat_template(tokenizer: Any, where: str) -> None:
+    """Refuse chat-message data for a tokenizer that has no chat template (before anything slow starts)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{where}: the data are chat messages but the model's tokenizer has no chat template; "
+                         "use a checkpoint with one (tokenizer_config.json 'chat_template' or chat_template.jinja), "
+                         "or give the prompts as plain text")
