@@ -65,17 +65,18 @@ def config_for(candidate: Candidate, config: RunConfig | None) -> RunConfig:
 def evaluate_models(config: RunConfig, dataset: dict[str, Any], split: str, models: list[Candidate]) -> list[dict[str, Any]]:
     """Greedy evaluation of each model on ``split``, one engine reloaded between them (the numbers are the
     ones an RL run logs for the same weights: :func:`rlpipe.evaluation.greedy_eval`)."""
-    from rlpipe.rollout.engines import new_engine
+    from rlpipe.rollout.engines import engine_options, new_engine
     from rlpipe.training.models import fetch_source
     from tasks.rl import context_length, ground_truths, prompt_rows, reward_model_source, split_rows, verifier_pool
-    from transformers import AutoTokenizer
+    from rlpipe.tokens import load_tokenizer
 
     rows = prompt_rows(config, dataset)
     chosen = split_rows(config, rows, split)
     if not chosen:
         raise ValueError(f"the prompt set {dataset['uri']} has no {split!r} rows; set data.{split}_size or use another split")
     folders = [str(fetch_source(m.source, settings())) for m in models]
-    engine = new_engine(config.rollout.engine, folders[0], max_model_len=context_length(config, rows), seed=config.seed)
+    engine = new_engine(config.rollout.engine, folders[0], max_model_len=context_length(config, rows, folders[0]),
+                        seed=config.seed, **engine_options(config.rollout))
     pool = verifier_pool(config)
     rm = reward_model_source(config) if config.reward.type == "model" else None
     out = []
@@ -83,7 +84,7 @@ def evaluate_models(config: RunConfig, dataset: dict[str, Any], split: str, mode
         for k, (m, folder) in enumerate(zip(models, folders)):
             if k:
                 engine.load_weights(folder)
-            res = greedy_eval(engine, AutoTokenizer.from_pretrained(folder), pool, chosen, ground_truths(rows),
+            res = greedy_eval(engine, load_tokenizer(folder), pool, chosen, ground_truths(rows),
                               max_new_tokens=config.rollout.max_new_tokens, reward_model=rm, agent=config.agent)
             run_logger().info("%s on %s: accuracy %.3f (n=%d) in %.1f s [%d/%d]", m.label, split, res["accuracy"], res["n"],
                               res["eval_s"], k + 1, len(models))

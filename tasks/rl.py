@@ -28,7 +28,7 @@ from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.batch import (
     apply_overlong_penalty, apply_verdicts, batch_metrics, filter_groups, generate_table, score_table, select_prompts, table_to_samples,
 )
-from rlpipe.rollout.engines import get_engine
+from rlpipe.rollout.engines import engine_options, get_engine
 from rlpipe.history import RunHistory
 from rlpipe.resume import RunState, resume_fingerprint
 from rlpipe.runtime import RunServices, register_services, services
@@ -116,7 +116,8 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     if _urls(config).rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
         engine = _remote_engine(config, run_id, policy_dir)
     else:
-        engine = get_engine(config.rollout.engine, policy_dir, max_model_len=context_length(config, rows), seed=config.seed)
+        engine = get_engine(config.rollout.engine, policy_dir, max_model_len=context_length(config, rows, policy_dir),
+                            seed=config.seed, **engine_options(config.rollout))
     engine_s = time.perf_counter() - start
     trainer = _trainer(config, run_id, model_dir, resume_dir)
     expected = file_weights_sha256(policy_dir)
@@ -157,11 +158,20 @@ def ground_truths(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows}
 
 
-def context_length(config: RunConfig, rows: list[dict[str, Any]]) -> int:
-    """The engine's max_model_len: the longest prompt (4 tokens a character at most) and the response; an
-    agent's whole episode context."""
+def context_length(config: RunConfig, rows: list[dict[str, Any]], model_dir: str | None = None) -> int:
+    """The engine's max_model_len: ``rollout.max_model_len`` if set; else the longest prompt (4 tokens a character
+    at most) and the response, or an agent's whole episode context; never above the model's own context."""
+    from rlpipe.training.models import model_context
+
+    own = model_context(model_dir) if model_dir else None
+    if config.rollout.max_model_len is not None:
+        if own is not None and config.rollout.max_model_len > own:
+            raise ValueError(f"rollout.max_model_len {config.rollout.max_model_len} exceeds the model's own context "
+                             f"({own}, max_position_embeddings in {model_dir}/config.json); set it to {own} or less")
+        return config.rollout.max_model_len
     n = config.agent.max_context if config.agent is not None else max(len(r["prompt"]) for r in rows) * 4 + config.rollout.max_new_tokens + 16
-    return min(max(n, 64), 4096)
+    n = max(n, 64)
+    return min(n, own) if own is not None else n
 
 
 def _trainer(config: RunConfig, run_id: str, model_dir: str, resume_dir: str | None):

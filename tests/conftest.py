@@ -113,3 +113,14 @@ def tiny_reward_model(tiny_checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-rm")
     trainer.save(folder, trainer.reward_stats(pairs[:500]))
     return folder, result, held_out
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory) -> dict[str, Path]:
+    """Hub-style stand-in checkpoints of two families (shared; do not modify): 'qwen2' (ChatML, EOS an int, tied
+    embeddings, bf16, vocabulary 716) and 'llama' (Llama-3 template, EOS a list, no pad token, untied, fp16,
+    vocabulary 1000). See rlpipe.training.standin."""
+    from rlpipe.training.standin import build_standin
+
+    root = tmp_path_factory.mktemp("standins")
+    return {arch: build_standin(root / arch, arch) for arch in ("qwen2", "llama")}

@@ -269,6 +269,29 @@ class RolloutConfig(_Strict):
         "task. With async_steps: 1 the batch is generated during the update instead, and prefetch is off (setting it "
         "true there is an error)."
     )
+    max_model_len: int | None = Field(
+        None, ge=16, description="The engine's context (prompt + response tokens). null: what the prompt set and "
+        "max_new_tokens need (an agent: agent.max_context), up to the model's own max_position_embeddings; "
+        "larger than the model's own is an error."
+    )
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="vLLM on a GPU: the share of the GPU's memory the engine may take (weights + "
+        "KV cache). The trainer shares the GPU in-process, so the default leaves it most; a rollout service "
+        "alone on its GPU can take 0.9."
+    )
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM: most sequences in one engine step; null: vLLM's default.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM: GPUs one engine spans (tensor parallelism). Above 1 the read-back after a "
+        "sync covers the unsharded tensors and the probe the rest."
+    )
+    enable_prefix_caching: bool = Field(
+        False, description="vLLM: reuse the KV cache of shared prompt prefixes (the samples of a group share "
+        "theirs). The cache is reset at every weight sync."
+    )
+    stop_tokens: list[int | str] | None = Field(
+        None, description="Tokens (ids or strings) that end a response; null: the model's generation_config.json "
+        "eos_token_id (an int or a list) and its tokenizer's EOS."
+    )
     sync_tolerance: float | None = Field(
         None, gt=0, description="Weight-sync proof: after each reload the engine's log-probs of a fixed probe batch "
         "must equal the trainer's within this (max |Δ log-prob|); null: 1e-3 for a float32 engine, 0.05 for 16-bit."

@@ -25,7 +25,7 @@ def greedy_eval(engine: Any, tokenizer: Any, pool: Any, rows: list[dict[str, Any
     engine's weights sha256). Agent configs run whole greedy episodes instead."""
     from rlpipe.rewards.pool import VerifyItem
     from rlpipe.rollout.base import SamplingConfig
-    from rlpipe.training.sft import render_prompt
+    from rlpipe.tokens import encode_prompt
 
     start = time.perf_counter()
     if not rows:
@@ -36,7 +36,7 @@ def greedy_eval(engine: Any, tokenizer: Any, pool: Any, rows: list[dict[str, Any
 
         out = agent_evaluate(engine, tokenizer, agent, rows, max_new_tokens, env_url)
         return out | {"eval_s": time.perf_counter() - start, "policy_version": engine.weights_sha256()}
-    prompts = [tokenizer(render_prompt(tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"] for r in rows]
+    prompts = [encode_prompt(tokenizer, r["prompt"], r["chat"]) for r in rows]
     outs = engine.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
     texts = [o[0].text for o in outs]
     verdicts = pool.score([VerifyItem(r["task"], t, ground_truth[r["id"]]) for r, t in zip(rows, texts)])

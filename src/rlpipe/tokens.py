@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["eos_ids", "ensure_pad_token", "require_chat_template"]
+__all__ = ["encode_prompt", "eos_ids", "folder_eos_ids", "ensure_pad_token", "load_tokenizer", "render_prompt", "require_chat_template"]
 
 
 def _as_ids(value: Any) -> list[int]:
@@ -64,3 +64,48 @@ def require_chat_template(tokenizer: Any, where: str) -> None:
         raise ValueError(f"{where}: the data are chat messages but the model's tokenizer has no chat template; "
                          "use a checkpoint with one (tokenizer_config.json 'chat_template' or chat_template.jinja), "
                          "or give the prompts as plain text")
+
+
+def load_tokenizer(folder: Any) -> Any:
+    """A checkpoint's own tokenizer, with a pad token (:func:`ensure_pad_token`): every tokenizer rlpipe loads
+    comes from here, so none is without one."""
+    from transformers import AutoTokenizer
+
+    return ensure_pad_token(AutoTokenizer.from_pretrained(folder))
+
+
+def render_prompt(tokenizer: Any, prompt: str, chat: bool) -> str:
+    """The text the model sees before its answer: plain text, or the chat template with a generation prompt."""
+    if chat:
+        import json
+
+        require_chat_template(tokenizer, "chat prompt")
+        return tokenizer.apply_chat_template(json.loads(prompt), tokenize=False, add_generation_prompt=True)
+    return prompt
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    """A prompt's token ids as the checkpoint expects them. A chat template writes its own special tokens
+    (Llama-3's ``<|begin_of_text|>``), so rendered chat is encoded without adding any; plain text gets the
+    tokenizer's own (a Llama BOS, nothing for Qwen), as ``generate`` and vLLM's completion API give it."""
+    return list(tokenizer(render_prompt(tokenizer, prompt, chat), add_special_tokens=not chat)["input_ids"])
+
+
+def folder_eos_ids(folder: Any, tokenizer: Any, override: Iterable[int | str] | None = None) -> set[int]:
+    """:func:`eos_ids` of a checkpoint folder: its ``generation_config.json`` (else ``config.json``)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    for name in ("generation_config.json", "config.json"):
+        path = folder / name
+        if path.exists():
+            cfg = json.loads(path.read_text())
+            if cfg.get("eos_token_id") is not None or override is not None:
+                return eos_ids(_Gen(cfg.get("eos_token_id")), tokenizer, override)
+    return eos_ids(_Gen(None), tokenizer, override)
+
+
+class _Gen:
+    def __init__(self, eos: Any):
+        self.eos_token_id = eos

@@ -14,7 +14,7 @@ from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
 from rlpipe.storage.schemas import REWARD_STATUSES, TRAJECTORY_SCHEMA
-from rlpipe.training.sft import render_prompt
+from rlpipe.tokens import encode_prompt
 from rlpipe.storage.samples import Sample, step_reward_tokens
 
 __all__ = [
@@ -54,9 +54,7 @@ def generate_table(
     iteration: int,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Sample ``sampling.n`` completions per prompt; rows carry the policy version that sampled them."""
-    token_prompts = [
-        tokenizer(render_prompt(tokenizer, p["prompt"], p["chat"]), add_special_tokens=False)["input_ids"] for p in prompts
-    ]
+    token_prompts = [encode_prompt(tokenizer, p["prompt"], p["chat"]) for p in prompts]
     start = time.perf_counter()
     outs = engine.generate(token_prompts, sampling)
     gen_s = time.perf_counter() - start

@@ -7,10 +7,11 @@ import hashlib
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 from rlpipe.rollout.base import RolloutEngine
 
-_ENGINES: dict[tuple[str, str, int], RolloutEngine] = {}
+_ENGINES: dict[tuple[str, str, int, str], RolloutEngine] = {}
 _LOCK = threading.Lock()
 
 
@@ -20,29 +21,37 @@ def _architecture(model_dir: str | Path) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def get_engine(kind: str, model_dir: str | Path, max_model_len: int = 256, seed: int = 0) -> RolloutEngine:
-    """The process's engine for this architecture, holding the weights in ``model_dir``."""
-    key = (kind, _architecture(model_dir), max_model_len)
+def engine_options(rollout: Any) -> dict[str, Any]:
+    """The engine settings of a ``RolloutConfig`` (none is hard-coded): what :func:`new_engine` takes."""
+    return {"gpu_memory_utilization": rollout.gpu_memory_utilization, "max_num_seqs": rollout.max_num_seqs,
+            "tensor_parallel_size": rollout.tensor_parallel_size,
+            "enable_prefix_caching": rollout.enable_prefix_caching, "stop_tokens": rollout.stop_tokens}
+
+
+def get_engine(kind: str, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, **options: Any) -> RolloutEngine:
+    """The process's engine for this architecture and these settings, holding the weights in ``model_dir``."""
+    key = (kind, _architecture(model_dir), max_model_len, json.dumps(options, sort_keys=True))
     with _LOCK:
         engine = _ENGINES.get(key)
         if engine is not None:
             engine.load_weights(model_dir)
             return engine
-        engine = new_engine(kind, model_dir, max_model_len, seed)
+        engine = new_engine(kind, model_dir, max_model_len, seed, **options)
         _ENGINES[key] = engine
         return engine
 
 
-def new_engine(kind: str, model_dir: str | Path, max_model_len: int = 256, seed: int = 0) -> RolloutEngine:
-    """A new engine of its own (not the process's shared one); the caller closes it."""
+def new_engine(kind: str, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, **options: Any) -> RolloutEngine:
+    """A new engine of its own (not the process's shared one); the caller closes it. ``options``: see
+    :func:`engine_options` (the HF engine takes only ``stop_tokens``)."""
     if kind == "vllm":
         from rlpipe.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_dir, max_model_len=max_model_len, seed=seed)
+        return VLLMEngine(model_dir, max_model_len=max_model_len, seed=seed, **options)
     if kind == "hf":
         from rlpipe.rollout.hf_engine import HFEngine
 
-        return HFEngine(model_dir)
+        return HFEngine(model_dir, stop_tokens=options.get("stop_tokens"))
     raise ValueError(f"unknown rollout engine {kind!r}; valid: hf, vllm")
 
 

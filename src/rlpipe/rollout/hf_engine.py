@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
-from rlpipe.tokens import eos_ids, ensure_pad_token
+from rlpipe.tokens import eos_ids, folder_eos_ids
 from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint, weights_sha256
 
 
@@ -18,25 +18,27 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_dir: str | Path, batch_size: int = 256, device: str | None = None,
-                 dtype: torch.dtype | None = None, **_: object):
+                 dtype: torch.dtype | None = None, stop_tokens: list[int | str] | None = None, **_: object):
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         self.model, self.tokenizer, _ = load_checkpoint(model_dir, dtype=dtype)
         self.model.to(dev).eval()
         self.batch_size = batch_size
         self._sha = file_weights_sha256(model_dir)
+        self.stop_ids = folder_eos_ids(model_dir, self.tokenizer, stop_tokens)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer: object, batch_size: int = 256) -> "HFEngine":
         """An engine over a model in memory (e.g. evaluation during SFT); it shares the model's weights."""
         self = cls.__new__(cls)
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.stop_ids = eos_ids(model.generation_config, tokenizer)
         self._sha = weights_sha256(model.state_dict())
         return self
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
-        eos = eos_ids(self.model.generation_config, self.tokenizer)
+        eos = self.stop_ids
         pad, dev = self.tokenizer.pad_token_id, self.device
         flat = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         out: list[list[Completion]] = [[] for _ in prompts]

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.tokens import folder_eos_ids
 from rlpipe.training.checkpoint import file_weights_sha256, weights_sha256
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ def _repack_embeddings(model: Any) -> int:
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, gpu_memory_utilization: float = 0.3):
+    def __init__(self, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, gpu_memory_utilization: float = 0.3,
+                 max_num_seqs: int | None = None, tensor_parallel_size: int = 1, enable_prefix_caching: bool = False,
+                 stop_tokens: list[int | str] | None = None):
         for k, v in CPU_ENV.items():
             os.environ.setdefault(k, v)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights reload via apply_model
@@ -145,14 +148,20 @@ class VLLMEngine:
             seed=seed,
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            **({"max_num_seqs": max_num_seqs} if max_num_seqs else {}),
             logprobs_mode="processed_logprobs",  # after temperature/top-p: the sampler's real policy
-            enable_prefix_caching=False,
+            enable_prefix_caching=enable_prefix_caching,
             # No partial prefills: vLLM CPU discards the token a partly prefilled seeded request samples by
             # rewinding its generator, which a CPU generator cannot do ("CPU Generator does not use offset").
             # Multi-turn contexts are long enough to be chunked otherwise.
             enable_chunked_prefill=False,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        # The checkpoint's end tokens, given to every request: both engines stop on the same set (an int or a
+        # list in generation_config.json, or rollout.stop_tokens).
+        self.stop_ids = sorted(folder_eos_ids(self.model_dir, self.tokenizer, stop_tokens))
+        self.max_model_len = max_model_len
         self._sha = file_weights_sha256(self.model_dir)
         self._lock = threading.RLock()
         self._guard_steps()
@@ -213,6 +222,7 @@ class VLLMEngine:
                 max_tokens=sampling.max_new_tokens,
                 logprobs=0 if sampling.temperature > 0 else None,
                 seed=None if sampling.seed is None else sampling.seed + i,
+                stop_token_ids=self.stop_ids,
                 # The text is decoded below in one call, as the HF engine decodes it: vLLM's per-step
                 # incremental detokenizer and the decoding of every log-prob's token cost ~13% of a
                 # generate at the demo size (benchmarks/README.md), and no stop string needs the text.

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlpipe.tokens import ensure_pad_token
+from rlpipe.tokens import load_tokenizer
 
 TRAINER_STATE = "trainer_state.json"
 
@@ -96,13 +96,13 @@ def save_checkpoint(
 
 def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, trainer_state) from a checkpoint folder or any HF causal-LM folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} is not an HF model folder (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    tokenizer = ensure_pad_token(AutoTokenizer.from_pretrained(folder))
+    tokenizer = load_tokenizer(folder)
     return model, tokenizer, read_trainer_state(folder, missing_ok=True)
 
 

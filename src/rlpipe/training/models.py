@@ -1,6 +1,7 @@
 """Resolve a model spec from the config into (model, tokenizer).
 
-Specs: ``tiny`` (rlpipe's own small Qwen2, built from ``model``), a local HF folder, or an MLflow
+Specs: ``tiny`` (rlpipe's own small Qwen2, built from ``model``), a local HF folder, a hub id
+(``Qwen/Qwen2.5-0.5B-Instruct``, optionally ``@revision``) found in the local Hugging Face cache, or an MLflow
 registry URI ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` whose source is a local folder or
 an ``s3://`` prefix (fetched once into ``$RLPIPE_HOME/cache``).
 """
@@ -8,6 +9,7 @@ an ``s3://`` prefix (fetched once into ``$RLPIPE_HOME/cache``).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from rlpipe.config import RunConfig, Settings
 from rlpipe.training.checkpoint import load_checkpoint
 from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
 
-__all__ = ["load_model", "resolve_source", "fetch_source"]
+__all__ = ["check_model_folder", "fetch_source", "hub_snapshot", "load_model", "resolve_source"]
 
 
 def resolve_source(spec: str, s: Settings, cfg: RunConfig | None = None) -> str:
@@ -50,8 +52,71 @@ def fetch_source(source: str, s: Settings) -> Path:
         return dest
     path = Path(source.removeprefix("file://"))
     if not path.exists():
-        raise FileNotFoundError(f"model source {source} does not exist")
+        if not _HUB_ID.fullmatch(source):
+            raise FileNotFoundError(f"model source {source} does not exist")
+        path = hub_snapshot(source)
+    check_model_folder(path, source)
     return path
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?(@[\w.-]+)?")
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local folder of a hub id (``org/name`` or ``org/name@revision``) from the Hugging Face cache
+    (``HF_HOME`` / ``HF_HUB_CACHE``). Nothing is downloaded at run time: a run's model is fetched beforehand."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    name, _, revision = repo_id.partition("@")
+    try:
+        return Path(snapshot_download(name, revision=revision or None, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as e:
+        raise FileNotFoundError(
+            f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache ({HF_HUB_CACHE}): rlpipe "
+            f"does not download at run time. Fetch it once where the hub is reachable: `hf download {name}"
+            f"{' --revision ' + revision if revision else ''}` (HF_HOME picks the cache), or give a local folder"
+        ) from e
+
+
+def model_context(folder: str | Path) -> int | None:
+    """A checkpoint's own context length (``max_position_embeddings`` or its older names), None if it names none."""
+    import json
+
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg) if "max_position_embeddings" not in cfg else cfg
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(cfg.get(key), int):
+            return cfg[key]
+    return None
+
+
+def check_model_folder(folder: Path, spec: str) -> None:
+    """Refuse, before anything slow starts, a folder that is not a causal LM or whose tokenizer does not fit its
+    embeddings (naming the file and the fix)."""
+    import json
+
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{spec}: {folder} holds no model (config.json missing); give a Hugging Face "
+                                "causal-LM folder (config.json, *.safetensors, tokenizer files)")
+    cfg = json.loads(cfg_path.read_text())
+    archs = cfg.get("architectures") or []
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForSequenceClassification")) for a in archs):
+        raise ValueError(f"{spec}: {cfg_path} describes {archs}, not a causal language model; rlpipe trains "
+                         "*ForCausalLM checkpoints (a base or instruct LM folder)")
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    tok_file = folder / "tokenizer.json"
+    if vocab and tok_file.exists():
+        tok = json.loads(tok_file.read_text())
+        ids = list(((tok.get("model") or {}).get("vocab") or {}).values())
+        ids += [t["id"] for t in tok.get("added_tokens") or []]
+        top = max((i for i in ids if isinstance(i, int)), default=-1)
+        if top >= vocab:
+            raise ValueError(f"{spec}: the tokenizer ({tok_file}) has token id {top}, the model's embeddings only "
+                             f"{vocab} rows (config.json vocab_size): they belong to different models; use the "
+                             "checkpoint's own tokenizer, or resize the embeddings and save the model again")
 
 
 def load_model(spec: str, cfg: RunConfig, s: Settings, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, str]:

@@ -41,11 +41,11 @@ class RemoteTrainer:
     def __init__(self, url: str, store: Any, run_id: str, model_dir: str, cfg: TrainConfig, temperature: float = 1.0,
                  seed: int = 0, ref_model_dir: str | None = None, resume_dir: str | None = None,
                  max_new_tokens: int | None = None, timeout_s: float = 3600.0):
-        from transformers import AutoTokenizer
+        from rlpipe.tokens import load_tokenizer
 
         self.url, self.store, self.run_id, self.cfg, self.timeout_s = url.rstrip("/"), store, run_id, cfg, timeout_s
         self.name = f"trainer@{self.url}"
-        self.tokenizer = AutoTokenizer.from_pretrained(resume_dir or model_dir)
+        self.tokenizer = load_tokenizer(resume_dir or model_dir)
         train = cfg.model_dump(mode="json")
         critic = upload_model(store, run_id, "critic", cfg.critic.model) if cfg.critic.model else None
         body = {"run_id": run_id, "policy": upload_model(store, run_id, "policy", model_dir),

@@ -24,8 +24,8 @@ import torch
 
 from rlpipe.algorithms.preference import preference_loss
 from rlpipe.config import RewardModelConfig
+from rlpipe.tokens import encode_prompt, load_tokenizer
 from rlpipe.training.checkpoint import file_weights_sha256
-from rlpipe.training.sft import render_prompt
 
 __all__ = ["REWARD_STATS", "RewardModelTrainer", "RewardScorer", "RMTrainResult", "encode_response", "pair_accuracy"]
 
@@ -34,7 +34,7 @@ REWARD_STATS = "reward_stats.json"
 
 def encode_response(tokenizer: Any, prompt: str, chat: bool, response: str) -> list[int]:
     """What the reward model reads: the rendered prompt, the response and the end token."""
-    p = tokenizer(render_prompt(tokenizer, prompt, chat), add_special_tokens=False)["input_ids"]
+    p = encode_prompt(tokenizer, prompt, chat)
     return p + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
@@ -98,7 +98,7 @@ class RewardModelTrainer:
     """A DeepSpeed engine around the reward model; :meth:`train` runs the whole fit with early stopping."""
 
     def __init__(self, model_dir: str | Path, cfg: RewardModelConfig, seed: int = 0):
-        from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForTokenClassification
 
         from rlpipe.training.trainer import init_distributed
 
@@ -114,7 +114,7 @@ class RewardModelTrainer:
         torch.manual_seed(seed + 29)  # the new head: the same start on every rank and rerun
         model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=torch.float32)
         torch.manual_seed(seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.engine = self._engine(model)
@@ -234,13 +234,13 @@ class RewardScorer:
     """A saved reward model in memory, scoring (prompt, response) texts or token ids in batches."""
 
     def __init__(self, folder: str | Path, version: str, batch_size: int = 256, device: str | None = None):
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoModelForTokenClassification
 
         folder = Path(folder)
         self.version, self.batch_size = version, batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32).to(self.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.tokenizer = load_tokenizer(folder)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         stats = folder / REWARD_STATS

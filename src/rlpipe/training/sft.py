@@ -19,22 +19,48 @@ import torch
 import torch.nn.functional as F
 
 from rlpipe.config import SFTConfig
+from rlpipe.tokens import encode_prompt, render_prompt
 
 IGNORE = -100
 
-__all__ = ["IGNORE", "SFTResult", "collate", "encode_example", "evaluate_accuracy", "render_prompt", "sft_loss", "train_sft"]
-
-
-def render_prompt(tokenizer: Any, prompt: str, chat: bool) -> str:
-    """The text the model sees before its answer: plain text, or the chat template with a generation prompt."""
-    if chat:
-        return tokenizer.apply_chat_template(json.loads(prompt), tokenize=False, add_generation_prompt=True)
-    return prompt
+__all__ = ["IGNORE", "SFTResult", "collate", "encode_chat_example", "encode_example", "encode_row", "evaluate_accuracy", "render_prompt", "sft_loss", "train_sft"]
 
 
 def encode_example(tokenizer: Any, prompt_text: str, response: str) -> tuple[list[int], list[int]]:
     """Token ids of prompt+response+eos and labels with every prompt position set to IGNORE."""
     p = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p + r, [IGNORE] * len(p) + r
+
+
+def encode_chat_example(tokenizer: Any, messages: list[dict[str, Any]], response: str) -> tuple[list[int], list[int]]:
+    """A chat row as the model's template writes the whole conversation, with loss on the assistant's turn only:
+    its content and the template's end-of-turn token (``<|im_end|>``, ``<|eot_id|>``), which is what generation
+    stops on. The tokenizer's ``eos_token`` may be another token (a base Qwen's ``<|endoftext|>``): appending it
+    would teach an ending the template never writes. The template's trailing text after the end token (a
+    newline) carries no loss."""
+    prompt = render_prompt(tokenizer, json.dumps(messages), chat=True)
+    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}], tokenize=False)
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"]
+    tail = full[len(prompt):]
+    if not full.startswith(prompt) or not tail.startswith(response):
+        raise ValueError("the chat template does not write the assistant's turn after its generation prompt; "
+                         "SFT on chat needs a template where it does (render it with add_generation_prompt=True "
+                         "and compare)")
+    rest = tokenizer(tail[len(response):], add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    end = next((i for i, t in enumerate(rest) if t in special), None)
+    r += rest[: end + 1] if end is not None else [tokenizer.eos_token_id]
+    return p + r, [IGNORE] * len(p) + r
+
+
+def encode_row(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """A prompt row as an SFT example: its solution (else its reference answer) after its prompt."""
+    response = row.get("solution") or row["ground_truth"]
+    if row["chat"]:
+        return encode_chat_example(tokenizer, json.loads(row["prompt"]), response)
+    p = encode_prompt(tokenizer, row["prompt"], chat=False)
     r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p + r, [IGNORE] * len(p) + r
 
@@ -128,10 +154,7 @@ def train_sft(
     """AdamW on response tokens; shuffles with ``seed``; periodic validation checks via ``eval_fn``."""
     if not train_rows:
         raise ValueError("SFT needs at least one training row (split 'train')")
-    examples = [
-        encode_example(tokenizer, render_prompt(tokenizer, r["prompt"], r["chat"]), r.get("solution") or r["ground_truth"])
-        for r in train_rows
-    ]
+    examples = [encode_row(tokenizer, r) for r in train_rows]
     return train_sft_examples(model, tokenizer, examples, cfg, seed, eval_fn, log)
 
 

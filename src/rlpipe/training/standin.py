@@ -102,7 +102,7 @@ def _corpus(seed: int = 0) -> list[str]:
 def train_bpe_tokenizer(spec: StandIn, seed: int = 0):
     """A byte-level BPE (every byte has a token, so any text encodes) of exactly ``spec.vocab_size`` ids, with
     the family's special tokens and chat template, as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
@@ -112,12 +112,16 @@ def train_bpe_tokenizer(spec: StandIn, seed: int = 0):
     split = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
              r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=__import__("tokenizers").Regex(split), behavior="isolated", invert=False),
+        pre_tokenizers.Split(pattern=Regex(split), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=list(spec.specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    if spec.bos:  # as Llama-3's tokenizer.json: plain text starts with the BOS (a chat template writes its own)
+        bos = (spec.bos, tok.token_to_id(spec.bos))
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos[0]} $A", pair=f"{bos[0]} $A {bos[0]} $B",
+                                                           special_tokens=[bos])
     if tok.get_vocab_size() != spec.vocab_size:
         raise RuntimeError(f"the BPE trainer gave {tok.get_vocab_size()} tokens, not {spec.vocab_size}: "
                            "the corpus is too small for that many merges")

@@ -46,6 +46,7 @@ from rlpipe.algorithms.functional import entropy_from_logits, logprob_gap, maske
 from rlpipe.config import TrainConfig
 from rlpipe.net import free_port
 from rlpipe.storage.samples import Sample
+from rlpipe.tokens import load_tokenizer
 from rlpipe.training.checkpoint import (
     TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
 )
@@ -384,7 +385,7 @@ class PolicyTrainer:
 
     def __post_init__(self) -> None:
         import deepspeed
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         self.rank, self.world = init_distributed()
         slots = self.cfg.batch_size // self.cfg.micro_batch_size
@@ -401,7 +402,7 @@ class PolicyTrainer:
         torch.manual_seed(self.seed)
         src = self.resume_dir or self.model_dir
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(src)
+        self.tokenizer = load_tokenizer(src)
         if self.cfg.pack_sequences:
             check_packing(model, src, self.cfg.share_prompts)
         self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)

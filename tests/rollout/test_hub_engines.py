@@ -1,0 +1,71 @@
+"""Both engines on hub-style checkpoints: the two failures a first real checkpoint met, and the sync proof.
+
+Regressions: vLLM refused every sync of a checkpoint whose vocabulary it pads (716 -> 768 rows: "after reload
+vLLM holds different values for ['model.embed_tokens.weight']", and lm_head too when untied); the HF engine
+failed on an EOS given as an int ("'int' object is not iterable")."""
+
+import json
+
+import pytest
+import torch
+
+from rlpipe.rollout.base import SamplingConfig
+from rlpipe.rollout.engines import new_engine
+from rlpipe.rollout.probe import default_tolerance
+from rlpipe.tokens import encode_prompt
+from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint
+
+PROMPT = json.dumps([{"role": "user", "content": "小明有3个苹果，又买了5个。一共多少个？"}])
+
+
+def _trainer_logprobs(folder, prompt, cont):
+    model, _, _ = load_checkpoint(folder)  # float32, as the trainer holds the policy
+    with torch.no_grad():
+        lp = model(torch.tensor([prompt + cont])).logits[0, :-1].float().log_softmax(-1)
+    return [float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(cont)]
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_generate_sync_and_probe_on_hub_checkpoints(standins, kind, arch):
+    folder = standins[arch]
+    engine = new_engine(kind, folder, max_model_len=256, seed=0)
+    try:
+        tok = load_checkpoint(folder)[1]
+        prompt = encode_prompt(tok, PROMPT, chat=True)
+        outs = engine.generate([prompt], SamplingConfig(n=3, max_new_tokens=12, seed=0))[0]
+        assert len(outs) == 3 and all(1 <= len(c.token_ids) <= 12 and len(c.logprobs) == len(c.token_ids) for c in outs)
+        assert all((c.finish_reason == "stop") == (c.token_ids[-1] in engine.stop_ids) for c in outs)
+        # The sync: the checkpoint's own 16-bit tensors fed back in, read back, hashed as fed.
+        assert engine.load_weights(folder) == file_weights_sha256(folder)
+        assert engine.last_readback >= 1
+        cont = outs[0].token_ids
+        gap = max(abs(a - b) for a, b in zip(engine.sequence_logprobs([prompt], [cont])[0],
+                                             _trainer_logprobs(folder, prompt, cont)))
+        assert gap < default_tolerance(engine.dtype)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("kind", ["hf", "vllm"])
+def test_both_engines_stop_on_each_token_of_a_list_eos(standins, kind):
+    """Llama's EOS is a list: a response ends at whichever comes first, in both engines alike."""
+    folder = standins["llama"]
+    engine = new_engine(kind, folder, max_model_len=128, seed=0, stop_tokens=None)
+    try:
+        gen = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+        assert set(gen) <= set(engine.stop_ids)
+    finally:
+        engine.close()
+    # An explicit stop token every sample must meet: the most likely first token of the greedy response.
+    probe = new_engine(kind, folder, max_model_len=128, seed=0)
+    tok = load_checkpoint(folder)[1]
+    prompt = encode_prompt(tok, PROMPT, chat=True)
+    first = probe.generate([prompt], SamplingConfig(n=1, temperature=0.0, max_new_tokens=1))[0][0].token_ids[0]
+    probe.close()
+    engine = new_engine(kind, folder, max_model_len=128, seed=0, stop_tokens=[first])
+    try:
+        out = engine.generate([prompt], SamplingConfig(n=1, temperature=0.0, max_new_tokens=8))[0][0]
+        assert out.token_ids == [first] and out.finish_reason == "stop"
+    finally:
+        engine.close()
