@@ -69,3 +69,38 @@ def test_both_engines_stop_on_each_token_of_a_list_eos(standins, kind):
         assert out.token_ids == [first] and out.finish_reason == "stop"
     finally:
         engine.close()
+
+
+def test_readback_leaves_tensor_parallel_shards_to_the_probe():
+    from rlpipe.rollout.vllm_engine import _sharded
+
+    assert _sharded(torch.Size([358, 64]), torch.Size([716, 64]), 2)
+    assert _sharded(torch.Size([64, 128]), torch.Size([64, 256]), 2)
+    assert not _sharded(torch.Size([716, 64]), torch.Size([716, 64]), 2)  # unsharded: compared
+    assert not _sharded(torch.Size([300, 64]), torch.Size([716, 64]), 2)  # not a shard: a difference
+
+
+@pytest.mark.parametrize("arch,tool_role", [("qwen2", "<|im_start|>tool"), ("llama", "<|start_header_id|>ipython")])
+def test_agent_turns_use_the_checkpoints_template_with_its_tool_role(standins, arch, tool_role):
+    """An observation is framed as the template frames a tool message: the ids an episode builds turn by turn
+    are the ids of the whole conversation rendered at once."""
+    from rlpipe.envs import EnvLimits, EnvSpec
+    from rlpipe.rollout.multiturn import TurnFormat, run_episodes
+
+    tok = load_checkpoint(standins[arch])[1]
+    fmt = TurnFormat.of(tok, chat=True)
+    msgs = [{"role": "user", "content": "12*34?"}, {"role": "assistant", "content": "calc 12*34"},
+            {"role": "tool", "content": "=408"}]
+    whole = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    first = tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True)
+    stop = tok.convert_tokens_to_ids(fmt.close[: fmt.close.index(">") + 1]) if fmt.close.startswith("<|") else None
+    assert stop in load_checkpoint(standins[arch])[1].all_special_ids and tool_role in whole
+    built = first + "calc 12*34" + tok.convert_ids_to_tokens(stop) + fmt.observation_text("=408", tok.convert_ids_to_tokens(stop))
+    assert built == whole
+    engine = new_engine("hf", standins[arch], seed=0)
+    spec = EnvSpec(env="calculator", params={"digits": 2}, limits=EnvLimits(max_steps=2))
+    out = run_episodes(engine, tok, spec, [({}, s) for s in range(3)],
+                       SamplingConfig(temperature=1.0, max_new_tokens=6, seed=0), chat=True, max_context=256)
+    for r in out:
+        assert r.episode.status == "ok" and len(r.response_ids) == len(r.logprobs) == len(r.loss_mask)
+        assert tok.decode(r.prompt_ids).startswith("<|im_start|>" if arch == "qwen2" else "<|begin_of_text|><|start")

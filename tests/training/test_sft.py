@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from rlpipe.config import ModelConfig, SFTConfig
@@ -95,3 +96,22 @@ def test_a_demonstrated_episode_trains_on_the_policys_tokens_only():
     ids, labels = episode_example(r.prompt_ids, r.response_ids, r.loss_mask)
     assert tok.decode([t for t in labels if t != IGNORE]) == "calc(12*34)<|im_end|>answer(408)<|im_end|>"
     assert len(ids) == len(labels) and "=408" in tok.decode(ids)  # the tool's answer is context, not a target
+
+
+@pytest.mark.parametrize("arch,end", [("qwen2", "<|im_end|>"), ("llama", "<|eot_id|>")])
+def test_chat_sft_loss_is_on_the_assistant_turn_and_its_end_token_only(standins, arch, end):
+    import json
+
+    from rlpipe.tokens import load_tokenizer
+    from rlpipe.training.sft import encode_row
+
+    tok = load_tokenizer(standins[arch])
+    msgs = [{"role": "system", "content": "你是助手。"}, {"role": "user", "content": "12+34=?"},
+            {"role": "assistant", "content": "<tool_call>calc</tool_call>"}, {"role": "tool", "content": "46"}]
+    ids, labels = encode_row(tok, {"prompt": json.dumps(msgs), "chat": True, "solution": "答案是 46", "ground_truth": "46"})
+    trained = [t for t, lab in zip(ids, labels) if lab != IGNORE]
+    assert tok.decode(trained) == "答案是 46" + end
+    assert trained[-1] == tok.convert_tokens_to_ids(end) and labels[-1] == ids[-1]
+    full = tok.apply_chat_template(msgs + [{"role": "assistant", "content": "答案是 46"}], tokenize=False)
+    assert full.startswith(tok.decode(ids))  # the same text the template writes, up to its end token
+    assert "<tool_call>calc</tool_call>" in tok.decode(ids[: labels.index(next(lab for lab in labels if lab != IGNORE))])

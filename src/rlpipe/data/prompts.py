@@ -65,6 +65,12 @@ def _row_from_json(obj: dict[str, Any], line: int, source: str, default_task: st
             row.setdefault("ground_truth", (m.group(1) if m else answer).replace(",", "").strip())
         elif answer is not None:
             row.setdefault("ground_truth", str(answer))
+    if "prompt" not in row and isinstance(row.get("messages"), list) and row["messages"]:
+        # TRL's / OpenAI's conversational form: the last assistant message is the solution, the rest the prompt.
+        msgs = list(row.pop("messages"))
+        if isinstance(msgs[-1], dict) and msgs[-1].get("role") == "assistant" and len(msgs) > 1:
+            row.setdefault("solution", msgs.pop()["content"])
+        row["prompt"] = msgs
     prompt = row.get("prompt")
     if isinstance(prompt, list):
         row["prompt"] = json.dumps(prompt, ensure_ascii=False)

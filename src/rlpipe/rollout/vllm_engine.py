@@ -6,7 +6,7 @@ just trained: the sha256 is computed over exactly the tensors vLLM's loader cons
 tensor of the folder must be consumed), and every parameter vLLM still holds in plain form is
 read back and compared with what it was fed (on CUDA that is all of them; on CPU vLLM repacks
 linear weights for oneDNN, so those are covered by the probe: :mod:`rlpipe.rollout.probe`). The read-back
-must compare at least one tensor and assumes tensor parallel size 1.
+must compare at least one tensor; under tensor parallelism each rank's shards are left to the probe.
 
 vLLM's ``LLM`` is not safe to call from two threads (a batch generated ahead runs in a thread of its own), its
 CPU attention fails mid-step in a thread whose OpenMP thread count is not the one it planned for, and a call
@@ -54,7 +54,7 @@ CPU_ENV = {
 }
 
 
-def _readback(model: Any, fed: dict[str, torch.Tensor]) -> tuple[int, list[str]]:
+def _readback(model: Any, fed: dict[str, torch.Tensor], tp: int = 1) -> tuple[int, list[str]]:
     """Compare the parameters vLLM still holds in plain form with the tensors it was fed.
 
     Fused parameters (``qkv_proj``, ``gate_up_proj`` from ``packed_modules_mapping``) are split back
@@ -85,9 +85,19 @@ def _readback(model: Any, fed: dict[str, torch.Tensor]) -> tuple[int, list[str]]
             if n not in fed:
                 continue  # e.g. rotary caches registered as parameters by some models
             compared += 1
+            if tp > 1 and _sharded(piece.shape, fed[n].shape, tp):
+                continue  # this rank's shard of a tensor-parallel layer: the probe covers it
             if piece.shape != fed[n].shape or not torch.equal(piece, fed[n].to(piece.dtype)):
                 differ.append(n)
     return compared, differ
+
+
+def _sharded(held: torch.Size, fed: torch.Size, tp: int) -> bool:
+    """Whether ``held`` is one of ``tp`` shards of ``fed`` along one dimension (tensor parallelism)."""
+    if len(held) != len(fed):
+        return False
+    diff = [i for i, (a, b) in enumerate(zip(held, fed)) if a != b]
+    return len(diff) == 1 and -(-fed[diff[0]] // tp) >= held[diff[0]] >= fed[diff[0]] // tp
 
 
 def _vocab_rows(model: Any) -> dict[str, int]:
@@ -161,7 +171,7 @@ class VLLMEngine:
         # The checkpoint's end tokens, given to every request: both engines stop on the same set (an int or a
         # list in generation_config.json, or rollout.stop_tokens).
         self.stop_ids = sorted(folder_eos_ids(self.model_dir, self.tokenizer, stop_tokens))
-        self.max_model_len = max_model_len
+        self.max_model_len, self.tensor_parallel_size = max_model_len, tensor_parallel_size
         self._sha = file_weights_sha256(self.model_dir)
         self._lock = threading.RLock()
         self._guard_steps()
@@ -277,7 +287,7 @@ class VLLMEngine:
         if set(consumed) != set(tensors):
             missing = sorted(set(tensors) - set(consumed))[:5]
             raise WeightSyncError(f"vLLM did not consume {len(tensors) - len(consumed)} tensor(s), e.g. {missing}")
-        compared, differ = self.llm.apply_model(lambda model: _readback(model, tensors))[0]
+        compared, differ = self.llm.apply_model(lambda model: _readback(model, tensors, self.tensor_parallel_size))[0]
         if differ:
             raise WeightSyncError(f"after reload vLLM holds different values for {differ[:5]}")
         if compared == 0:  # a read-back that compared nothing proves nothing (the probe must cover it all)

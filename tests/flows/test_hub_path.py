@@ -1,0 +1,101 @@
+"""The whole path on hub-style stand-ins of two families (rlpipe.training.standin): SFT on chat messages →
+GRPO on vLLM with a reference → PPO on the HF engine → a resume after a kill → the registered versions.
+
+Each checkpoint brings its own tokenizer, chat template (with Chinese prompts in the data), EOS (an int for
+qwen2, a list for llama) and 16-bit weights; the first real checkpoint tried failed RL on both engines."""
+
+import json
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from rlpipe.cli import app
+from rlpipe.config import load_config, settings
+from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
+from rlpipe.storage.layout import stage_prefix
+from rlpipe.tokens import load_tokenizer
+from rlpipe.tracking.mlflow_utils import Tracker
+from tests.flows.test_train_flow import _cli
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    """Addition as chat messages in TRL's conversational form; every third question in Chinese."""
+    rng, rows, seen = random.Random(0), [], set()
+    while len(rows) < 240:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        q = f"{a}+{b}=" if len(rows) % 3 else f"计算 {a}+{b}"
+        if q in seen:
+            continue
+        seen.add(q)
+        rows.append({"id": f"c{len(rows)}", "messages": [
+            {"role": "system", "content": "Answer with the number only."}, {"role": "user", "content": q},
+            {"role": "assistant", "content": str(a + b)}], "ground_truth": str(a + b), "task": "math",
+            "split": "train" if len(rows) < 216 else "test"})
+    path = tmp_path_factory.mktemp("chat") / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))
+    return path
+
+
+def _invoke(args):
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output[-4000:]
+    return json.loads(open(res.stdout.strip().splitlines()[-1]).read())
+
+
+def _sets(arch, data, *extra):
+    base = [f"task.dataset={data}", f"task.name=hub-{arch}", f"tracking.experiment=hub-{arch}", "rollout.batch_size=4",
+            "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "train.batch_size=16", "train.micro_batch_size=8",
+            "train.save_interval=1", "train.eval_interval=2", "train.eval_size=8", "reward.workers=1", *extra]
+    return [x for s in base for x in ("--set", s)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_sft_grpo_ppo_on_both_engines_and_register(prefect_harness, standins, chat_data, arch):
+    sft = _invoke(["sft", "configs/sft-arithmetic.yaml", *_sets(arch, chat_data, f"task.policy_model={standins[arch]}",
+                   "sft.steps=20", "sft.batch_size=16", "sft.eval_every=20", "sft.stop_at_accuracy=null")])
+    base = f"models:/{sft['registered_model']['name']}@base"
+    grpo = _invoke(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-grpo-{arch}",
+                    *_sets(arch, chat_data, f"task.policy_model={base}", "rollout.engine=vllm", "train.kl_coef=0.01",
+                           "train.total_iterations=2")])
+    assert grpo["iterations_done"] == 2 and grpo["engine"] == "vllm"
+    ppo = _invoke(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-ppo-{arch}",
+                   *_sets(arch, chat_data, f"task.policy_model={base}", "rollout.engine=hf", "train.algorithm=ppo",
+                          "train.total_iterations=1")])
+    assert ppo["iterations_done"] == 1 and ppo["engine"] == "hf"
+
+    tok = load_tokenizer(standins[arch])
+    rows = open_store().read_stage(stage_prefix(f"hub-grpo-{arch}", 1, "verify"), schema=TRAJECTORY_SCHEMA).to_pylist()
+    prompts = {tok.decode(r["prompt_token_ids"]) for r in rows}
+    assert any("计算" in p for p in prompts) or len(prompts) == 4  # Chinese prompts round-trip where drawn
+    assert all(p.startswith("<|im_start|>system" if arch == "qwen2" else "<|begin_of_text|><|start_header_id|>system")
+               for p in prompts)
+    assert all(r["reward_status"] == "ok" for r in rows)
+    cfg = load_config("configs/grpo-arithmetic.yaml", [f"task.name=hub-{arch}", f"tracking.experiment=hub-{arch}"])
+    versions = Tracker(settings(), cfg).client.search_model_versions(f"name='{cfg.registered_model}'")
+    mine = [mv for mv in versions if mv.tags.get("run_id") == f"hub-grpo-{arch}"]
+    assert len(mine) == 2
+    from rlpipe.training.models import fetch_source
+
+    registered = fetch_source(mine[-1].source, settings())  # the version carries the checkpoint's own text setup
+    assert load_tokenizer(registered).chat_template == tok.chat_template
+    gen = lambda f: json.loads((f / "generation_config.json").read_text())["eos_token_id"]  # noqa: E731
+    assert gen(registered) == gen(standins[arch])
+
+
+@pytest.mark.parametrize("arch", ["llama"])
+def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_data, arch):
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    sets = _sets(arch, chat_data, f"task.policy_model={standins[arch]}", "rollout.engine=hf",
+                 "train.total_iterations=2", "tracking.experiment=hub-kill")
+    ref = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-kill-ref", *sets], {}, api)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    killed = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-kill", *sets], {"RLPIPE_FAULT": "1:update"}, api)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    done = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-kill", *sets], {}, api)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, want = (json.loads((settings().run_dir(r) / "summary.json").read_text()) for r in ("hub-kill", "hub-kill-ref"))
+    assert got["final_policy_version"] == want["final_policy_version"]
