@@ -100,6 +100,28 @@ def data_build(
     typer.echo(f"version {dataset_version(table)}")
 
 
+@app.command("standin")
+def standin_cmd(
+    folder: Path,
+    arch: Annotated[str, typer.Option(help="qwen2 | qwen3 (ChatML, EOS an int, tied, bf16) or llama | mistral "
+                                           "(Llama-3 template, EOS a list, no pad token, untied, fp16).")] = "qwen2",
+    hidden: Annotated[int, typer.Option(help="Hidden size (256: ~6M parameters; 768 with 12 layers: ~90M).")] = 256,
+    layers: Annotated[int, typer.Option(help="Transformer blocks.")] = 6,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Write a small hub-style checkpoint (trained byte-level BPE tokenizer, chat template with a tool role,
+    16-bit safetensors) to FOLDER: a stand-in for a hub model where none can be downloaded."""
+    from rlpipe.training.standin import build_standin
+
+    try:
+        out = build_standin(folder, arch, hidden=hidden, layers=layers, heads=max(hidden // 64, 1),
+                            kv_heads=max(hidden // 128, 1), intermediate=hidden * 4, seed=seed)
+    except ValueError as e:
+        typer.echo(f"standin: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(out))
+
+
 @data_app.command("validate")
 def data_validate(
     file: Path,

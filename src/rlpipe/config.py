@@ -319,6 +319,18 @@ class CriticConfig(_Strict):
     grad_clip: float = Field(1.0, gt=0, description="Clip the critic's global gradient norm to this value.")
 
 
+class LoraConfig(_Strict):
+    """Low-rank adapters (peft's LoRA) on the policy: only the adapters train; the base weights stay frozen."""
+
+    r: int = Field(16, ge=1, description="Rank of each adapter.")
+    alpha: float = Field(32.0, gt=0, description="Scale numerator: an adapter's update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names (or name suffixes, e.g. [q_proj, v_proj]) that get an adapter; "
+        "'all-linear': every linear layer but the output layer. A name that matches no module is an error."
+    )
+
+
 class TrainConfig(_Strict):
     algorithm: str = Field(
         "grpo", description="Registered algorithm: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, reinforce_pp_baseline, "
@@ -377,6 +389,17 @@ class TrainConfig(_Strict):
         "forward, where the policy has not moved yet: the tokens of one mini-batch (1/steps of the batch), no extra "
         "pass. The optimization is the same either way; train.tis_cap always makes the pass (it needs every token). "
         "The first step's forward runs in training mode: for a model with dropout, set this true."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each transformer block's activations in the backward pass instead of keeping "
+        "them (transformers' gradient checkpointing, non-reentrant): activation memory falls from one set per layer "
+        "to about one layer's, for about one more forward pass of compute. The policy and the critic."
+    )
+    lora: LoraConfig | None = Field(
+        None, description="Train LoRA adapters instead of every weight (peft). The reference model is the same "
+        "base with the adapters switched off (no second copy of the weights); the engine receives the merged "
+        "weights at each sync (proven by the probe as before); each save point holds the adapter beside them. "
+        "null: full fine-tuning."
     )
     pack_sequences: bool = Field(
         True, description="The policy's, the reference's and the critic's forward passes run on the micro-batch's sequences laid "

@@ -51,7 +51,9 @@ from rlpipe.training.checkpoint import (
     TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
 )
 
-__all__ = ["PolicyTrainer", "Sample", "init_distributed"]
+__all__ = ["ADAPTER", "PolicyTrainer", "Sample", "init_distributed", "merged_state_dict", "with_lora"]
+
+ADAPTER = "adapter"  # a LoRA save point's adapter folder (peft's adapter_config.json + adapter_model.safetensors)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -254,6 +256,9 @@ def check_packing(model: Any, where: str, share: bool = False) -> float:
     was_training = model.training
     model.eval()
     worst = 0.0
+    # A 16-bit model (a reference kept in its checkpoint's dtype) rounds its logits to ~3 digits: the probe's
+    # 16-bit tolerance. Attention across a sequence boundary moves them by far more.
+    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2
     for group, p, fix in layouts:
         padded = _collate(group, {}, 0)
         plain = model(input_ids=padded.input_ids, attention_mask=padded.attention_mask).logits[:, :-1]
@@ -261,7 +266,7 @@ def check_packing(model: Any, where: str, share: bool = False) -> float:
                      use_cache=False).logits[:, :-1]
         got = rows.reshape(-1, rows.shape[-1])[p.src]
         gap = float((got - plain.reshape(-1, plain.shape[-1])[p.dst]).abs().max())
-        if not gap <= 1e-4:
+        if not gap <= tol:
             model.train(was_training)
             raise ValueError(f"{where}: this model's forward does not keep packed sequences apart (outputs packed vs "
                              f"padded differ by {gap:.3g}); set {fix}")
@@ -400,20 +405,24 @@ class PolicyTrainer:
         if self.parts["loss_agg_mode"] == "constant" and not self.agg_constant:
             raise ValueError("loss_agg_mode 'constant' needs train.loss_agg_constant (or the rollout's max_new_tokens)")
         torch.manual_seed(self.seed)
-        src = self.resume_dir or self.model_dir
+        # LoRA: the base weights are the start model's, the adapter a save point's (its merged weights are the
+        # engine's, not a base to put the adapter on again).
+        src = self.model_dir if self.cfg.lora else (self.resume_dir or self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-        self.tokenizer = load_tokenizer(src)
+        self.tokenizer = load_tokenizer(self.resume_dir or self.model_dir)
         if self.cfg.pack_sequences:
             check_packing(model, src, self.cfg.share_prompts)
+        if self.cfg.gradient_checkpointing:
+            _checkpoint_activations(model)
+        if self.cfg.lora:
+            model = with_lora(model, self.cfg.lora, Path(self.resume_dir) / ADAPTER if self.resume_dir else None)
         self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)
         self.device = torch.device(self.engine.device)  # DeepSpeed placed the model: inputs follow it
         self.ref = None
-        if self.cfg.uses_reference:
-            self.ref = AutoModelForCausalLM.from_pretrained(self.ref_model_dir or self.model_dir, dtype=torch.float32)
-            self.ref.eval().requires_grad_(False)
-            if self.cfg.pack_sequences:
-                check_packing(self.ref, self.ref_model_dir or self.model_dir, self.cfg.share_prompts)
-            self.ref.to(self.device)
+        # LoRA with the start model as reference: the reference is the policy with its adapters off.
+        self.ref_is_base = bool(self.cfg.lora) and self.cfg.uses_reference and self.ref_model_dir in (None, self.model_dir)
+        if self.cfg.uses_reference and not self.ref_is_base:
+            self.ref = self._reference()
         self.critic = None
         if self.parts["advantage"] in NEEDS_CRITIC:
             critic = self._build_critic()
@@ -424,13 +433,36 @@ class PolicyTrainer:
         if self.resume_dir:
             self._load_state(Path(self.resume_dir))
 
+    def _reference(self) -> Any:
+        """The frozen reference model. Under bf16 it is kept in the checkpoint's own dtype (a 16-bit checkpoint
+        takes half the memory of a float32 copy; its forward runs under the same autocast as the policy's);
+        under fp32, in float32 as the policy."""
+        from transformers import AutoModelForCausalLM
+
+        src = self.ref_model_dir or self.model_dir
+        ref = AutoModelForCausalLM.from_pretrained(src, dtype="auto" if self.cfg.precision == "bf16" else torch.float32)
+        ref.eval().requires_grad_(False)
+        if self.cfg.pack_sequences:
+            check_packing(ref, src, self.cfg.share_prompts)
+        return ref.to(self.device)
+
+    def _ref_logprobs(self, micro: _Micro) -> torch.Tensor:
+        if self.ref_is_base:
+            with self.engine.module.disable_adapter():
+                return self._forward(micro, self.engine.module)[0]
+        return self._forward(micro, self.ref)[0]
+
+    @property
+    def has_reference(self) -> bool:
+        return self.ref is not None or self.ref_is_base
+
     def _engine(self, model: Any, lr: float, grad_clip: float) -> Any:
         import deepspeed
         from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
         # torch's fused AdamW (one kernel per tensor, CPU and CUDA): the demo's 4 optimizer steps 0.066 → 0.020 s on
         # CPU against the default single-tensor loop (benchmarks/profile_update.py); TRL's default too.
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
         ds_config = {
             "train_batch_size": self.cfg.batch_size,
             "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
@@ -466,6 +498,8 @@ class PolicyTrainer:
         torch.manual_seed(self.seed + 17)
         critic = AutoModelForTokenClassification.from_pretrained(src, config=config, dtype=torch.float32)
         torch.manual_seed(self.seed)
+        if self.cfg.gradient_checkpointing:
+            _checkpoint_activations(critic)
         return critic
 
     # -- the update -------------------------------------------------------------------------
@@ -508,7 +542,7 @@ class PolicyTrainer:
         if self.cfg.mismatch_full_pass or self.cfg.tis_cap is not None:
             out["policy_logprobs"] = []
             self.engine.module.eval()
-        if self.ref is not None:
+        if self.has_reference:
             out["ref_logprobs"] = []
         if self.critic is not None:
             out["values"] = []
@@ -524,8 +558,8 @@ class PolicyTrainer:
             micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences,
                              share=self.cfg.share_prompts).to(self.device)
             found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]} if "policy_logprobs" in out else {}
-            if self.ref is not None:
-                found["ref_logprobs"] = self._forward(micro, self.ref)[0]
+            if self.has_reference:
+                found["ref_logprobs"] = self._ref_logprobs(micro)
             if self.critic is not None:
                 found["values"] = self._values(micro, self.critic.module)
             for row, (i, s) in enumerate(zip(order[start : start + step], chunk)):
@@ -575,7 +609,7 @@ class PolicyTrainer:
             with torch.no_grad():
                 ent = micro.unpack(entropy_from_logits(logits, self.temperature))
         stats["entropy_tok"] = float((ent.detach() * micro.mask).sum())
-        if self.ref is not None and self.cfg.kl_in == "loss":
+        if self.has_reference and self.cfg.kl_in == "loss":
             kl = kl_penalty(logprobs, micro.tok["ref_logprobs"], self.cfg.kl_estimator)
             kl_term = aggregate(kl, micro.mask, agg)
             loss = loss + beta * kl_term
@@ -859,7 +893,11 @@ class PolicyTrainer:
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
             with RecyclingSafetensors(folder, Spare.of(spare)) as files:
-                self.engine.module.save_pretrained(folder, safe_serialization=True)
+                if self.cfg.lora:  # the engine computes with the merged weights: a plain HF checkpoint of them
+                    self.engine.module.get_base_model().save_pretrained(
+                        folder, state_dict=merged_state_dict(self.engine.module), safe_serialization=True)
+                else:
+                    self.engine.module.save_pretrained(folder, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
             digest = files.digest() or file_weights_sha256(folder)
         else:
@@ -878,6 +916,8 @@ class PolicyTrainer:
         weights, RecyclingWrites for DeepSpeed's)."""
         folder, spare = Path(folder), Spare.of(spare)  # one Spare: this process's maps read once per save
         digest = self.export_weights(folder, spare)
+        if self.cfg.lora and self.rank == 0:  # what a resume puts back on the start model's base weights
+            self.engine.module.save_pretrained(folder / ADAPTER, safe_serialization=True)
         with _module_left_out(self.engine):  # the HF weights above are the module's: not written twice
             _recycling(self.engine, folder, spare).save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
         if self.critic is not None:
@@ -907,6 +947,59 @@ class PolicyTrainer:
         rng = folder / "rng.pt"
         if rng.exists():
             set_rng_state(torch.load(rng, weights_only=False))
+
+
+def _checkpoint_activations(model: Any) -> None:
+    """transformers' gradient checkpointing, non-reentrant (the reentrant form needs an input that requires
+    grad, which a frozen-embedding LoRA model does not have); the KV cache is off, as it must be with it."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def with_lora(model: Any, cfg: Any, adapter_dir: Path | None = None) -> Any:
+    """``model`` with peft LoRA adapters per ``train.lora``; the adapter weights of ``adapter_dir`` when resuming.
+    A target that matches no module is refused with the model's linear layer names."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_dir is not None:
+        if not (adapter_dir / "adapter_config.json").exists():
+            raise FileNotFoundError(f"{adapter_dir} holds no LoRA adapter (adapter_config.json); was the save point "
+                                    "written by a run without train.lora?")
+        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+    targets = cfg.target_modules
+    if targets != "all-linear":
+        names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+        if missing:
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+            raise ValueError(f"train.lora.target_modules: {missing} match no linear module of the model; its linear "
+                             f"layers are named {leaves} (or use 'all-linear')")
+    peft_cfg = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                          bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_cfg)
+
+
+def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The weights a LoRA model computes with, under the base model's own names: each adapted layer's base
+    weight plus its adapter's delta (peft's ``get_delta_weight``: B·A·alpha/r). What the engine is synced with
+    and what ``save_pretrained`` writes as a plain HF checkpoint; the model itself is not changed. Tensors the
+    base shares (tied embeddings) stay shared, so the tied copy is dropped on save as before."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {name: m.get_delta_weight(m.active_adapters[0]) for name, m in base.named_modules()
+              if isinstance(m, LoraLayer) and m.active_adapters}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        owner, _, leaf = key.rpartition(".base_layer.")
+        if owner:
+            key = f"{owner}.{leaf}"
+            if leaf == "weight" and owner in deltas:
+                value = value + deltas[owner].to(value.dtype)
+        out[key] = value.detach()
+    return out
 
 
 def _recycling(engine: Any, folder: Path, spare: Spare | None) -> Any:

@@ -1,0 +1,93 @@
+"""Memory features on hub-style stand-ins: gradient checkpointing, the reference in the checkpoint's dtype, LoRA
+(the reference is the base with adapters off, the sync is the merged weights and the probe still holds, a resume
+lands on identical adapters)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlpipe.config import TrainConfig
+from rlpipe.training.trainer import PolicyTrainer
+from tests.helpers.dist_update import fixed_batch
+
+
+def _trainer(folder, resume=None, **train):
+    cfg = TrainConfig(**({"algorithm": "grpo", "batch_size": 16, "micro_batch_size": 8, "lr": 1e-3} | train))
+    return PolicyTrainer(model_dir=str(folder), cfg=cfg, seed=3, resume_dir=resume and str(resume), max_new_tokens=5)
+
+
+def test_gradient_checkpointing_gives_the_same_update(standins):
+    torch.set_num_threads(1)
+    plain, ckpt = _trainer(standins["qwen2"]), _trainer(standins["qwen2"], gradient_checkpointing=True)
+    assert ckpt.module.is_gradient_checkpointing and not plain.module.is_gradient_checkpointing
+    a, b = plain.update(fixed_batch(16), 0), ckpt.update(fixed_batch(16), 0)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for (name, p), (_, q) in zip(plain.module.named_parameters(), ckpt.module.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_reference_kept_in_the_checkpoints_dtype_under_bf16(standins, precision, dtype):
+    t = _trainer(standins["qwen2"], precision=precision, kl_coef=0.05)
+    assert t.ref.dtype == dtype and next(t.module.parameters()).dtype == torch.float32  # fp32 master weights
+
+
+def _sampled_by(trainer, batch):
+    """The batch with the log-probs the trainer's policy now gives its tokens (as if it had sampled them)."""
+    from dataclasses import replace
+
+    lps = trainer.sequence_logprobs([b.prompt_ids for b in batch], [b.response_ids for b in batch])
+    return [replace(b, old_logprobs=lp) for b, lp in zip(batch, lps)]
+
+
+LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_lora_trains_adapters_only_with_the_base_as_reference(standins, arch, tmp_path):
+    torch.set_num_threads(1)
+    t = _trainer(standins[arch], lora=LORA, kl_coef=0.05)
+    assert t.ref is None and t.ref_is_base  # no second copy of the weights
+    trainable = {n for n, p in t.module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    base_before = {n: p.detach().clone() for n, p in t.module.named_parameters() if not p.requires_grad}
+    m = t.update(_sampled_by(t, fixed_batch(16)), 0)
+    assert m["kl"] == pytest.approx(0.0, abs=1e-5)  # B starts at zero: the policy is its reference
+    m2 = t.update(_sampled_by(t, fixed_batch(32)[16:]), 1)
+    assert m2["kl"] > 1e-7  # the adapters moved it away (one step at lr 1e-3: ~2e-5)
+    for n, p in t.module.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, base_before[n]), n
+
+    digest = t.export_weights(tmp_path / "sync")
+    saved = load_file(tmp_path / "sync" / "model.safetensors")
+    assert not any("lora" in k or "base_layer" in k for k in saved)  # a plain HF checkpoint of the merged weights
+    assert ("lm_head.weight" in saved) == (arch == "llama")  # tied embeddings stay tied
+    from rlpipe.rollout.hf_engine import HFEngine
+
+    engine = HFEngine(standins[arch])
+    assert engine.load_weights(tmp_path / "sync") == digest
+    prompts, conts = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15]]
+    gap = max(abs(x - y) for a, b in zip(engine.sequence_logprobs(prompts, conts), t.sequence_logprobs(prompts, conts))
+              for x, y in zip(a, b))
+    assert gap < 1e-4
+
+
+def test_lora_resume_lands_on_identical_adapters(standins, tmp_path):
+    torch.set_num_threads(1)
+    a = _trainer(standins["llama"], lora=LORA)
+    a.update(fixed_batch(16), 0)
+    a.save(tmp_path / "state")
+    assert json.loads((tmp_path / "state" / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    a.update(fixed_batch(32)[16:], 1)
+    b = _trainer(standins["llama"], resume=tmp_path / "state", lora=LORA)
+    b.update(fixed_batch(32)[16:], 1)
+    for (name, p), (_, q) in zip(a.module.named_parameters(), b.module.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_lora_target_that_matches_nothing_is_refused(standins):
+    with pytest.raises(ValueError, match=r"\['qkv'\] match no linear module .* named \[.*'q_proj'"):
+        _trainer(standins["qwen2"], lora=LORA | {"target_modules": ["q_proj", "qkv"]})
