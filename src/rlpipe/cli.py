@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 import yaml
@@ -98,6 +98,47 @@ def data_build(
     splits = table.column("split").to_pylist()
     typer.echo(f"{out}: {table.num_rows} rows ({splits.count('train')} train, {splits.count('test')} test)")
     typer.echo(f"version {dataset_version(table)}")
+
+
+@app.command("plan")
+def plan_cmd(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    gpu_mem: Annotated[Optional[float], typer.Option("--gpu-mem", help="GiB of one GPU: say whether it fits, and what to change if not.")] = None,
+    nproc: Annotated[int, typer.Option(help="Trainer ranks (ZeRO splits by them).")] = 1,
+    prompt_tokens: Annotated[int, typer.Option(help="The longest prompt, in tokens.")] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of the table.")] = False,
+) -> None:
+    """Peak memory per component (policy, gradients, Adam moments, reference, critic, activations, the engine's
+    weights and KV cache) for CONFIG's model, before anything is loaded; with --gpu-mem, whether it fits."""
+    import tempfile
+
+    from rlpipe.training.plan import format_plan, plan_memory
+
+    cfg, s = _load(config, set_), settings()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            folder = _plan_folder(cfg, s, Path(tmp))
+            plan = plan_memory(cfg, folder, gpu=gpu_mem is not None, world=nproc, prompt_tokens=prompt_tokens,
+                               budget=int(gpu_mem * 2**30) if gpu_mem is not None else None)
+        except (LookupError, FileNotFoundError, ValueError) as e:
+            typer.echo(f"plan: {e}", err=True)
+            raise typer.Exit(2) from None
+    typer.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
+    if plan.fits is False:
+        raise typer.Exit(1)
+
+
+def _plan_folder(cfg: RunConfig, s: Any, tmp: Path) -> Path:
+    """The policy's folder; for 'tiny', its config written to ``tmp`` (no weights are needed)."""
+    from rlpipe.training.models import fetch_source, resolve_source
+
+    if cfg.task.policy_model == "tiny":
+        from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
+
+        build_tiny_model(cfg.model, build_char_tokenizer()).config.save_pretrained(tmp)
+        return tmp
+    return fetch_source(resolve_source(cfg.task.policy_model, s, cfg), s)
 
 
 @app.command("standin")

@@ -1,0 +1,158 @@
+"""``rlpipe plan``: the memory a run's config needs, component by component, before anything is loaded.
+
+Parameters are counted exactly (the architecture built on the meta device, no weights read); everything else is
+arithmetic on the config. Per trainer rank, bytes:
+
+- policy weights: float32 master copy, 4·P (the trainer always holds float32; ``precision: bf16`` is autocast);
+- gradients: 4·P_train (P_train = P, or the adapters' parameters under LoRA); ZeRO ≥ 2 splits them by rank;
+- Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank;
+- reference: P in float32, or in the checkpoint's dtype under bf16; none under LoRA (adapters off) or without KL;
+- critic (PPO): weights, gradients and moments of a second trunk, 16·P;
+- activations of one micro-batch (twice as much under LoRA: measured, see below) (B sequences of S tokens, hidden h, L layers, vocabulary V): Korthikanti et
+  al. 2022 (arXiv:2205.05198, eq. 2) give s·b·h·(34 + 5·a·s/h) bytes a layer in 16 bits; float32 doubles it.
+  With gradient checkpointing a layer keeps only its input (4·s·b·h) and one layer is recomputed at a time. The
+  logits and their log-softmax and gradient: 3·4·B·S·V;
+- the engine: its weights (float32 on CPU, the checkpoint's dtype on a GPU) and the KV cache of one rollout
+  batch: 2·L·kv_heads·head_dim·bytes per token, for every completion's prompt and response.
+
+The figures are checked against measured peaks in ``benchmarks/plan_memory.py`` (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MemoryPlan", "plan_memory", "count_parameters_meta"]
+
+GiB = 2**30
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per component (trainer rank and engine), the tokens of an iteration, and advice when it does not fit."""
+
+    parameters: int
+    trainable: int
+    components: dict[str, int] = field(default_factory=dict)
+    tokens_per_iteration: int = 0
+    budget: int | None = None
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def trainer_bytes(self) -> int:
+        return sum(v for k, v in self.components.items() if not k.startswith("engine"))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget is None else self.total_bytes <= self.budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parameters": self.parameters, "trainable": self.trainable, "components": self.components,
+                "trainer_bytes": self.trainer_bytes, "total_bytes": self.total_bytes,
+                "tokens_per_iteration": self.tokens_per_iteration, "budget": self.budget, "fits": self.fits,
+                "advice": self.advice}
+
+
+def _shape(model_cfg: dict[str, Any]) -> dict[str, int]:
+    h = int(model_cfg["hidden_size"])
+    heads = int(model_cfg["num_attention_heads"])
+    return {"h": h, "L": int(model_cfg["num_hidden_layers"]), "heads": heads,
+            "kv": int(model_cfg.get("num_key_value_heads") or heads),
+            "head_dim": int(model_cfg.get("head_dim") or h // heads), "V": int(model_cfg["vocab_size"])}
+
+
+def count_parameters_meta(folder: str | Path, lora: Any = None) -> tuple[int, int]:
+    """(parameters, trainable parameters) of the checkpoint's architecture, built on the meta device; trainable
+    are the LoRA adapters' under ``lora`` (a ``LoraConfig`` of rlpipe's config), else all of them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    if lora is None:
+        return total, total
+    from rlpipe.training.trainer import with_lora
+
+    peft_model = with_lora(model, lora)
+    return total, sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+
+
+def _activations(s: dict[str, int], batch: int, seq: int, checkpointing: bool, act_bytes: int) -> int:
+    per_layer = seq * batch * s["h"] * (34 + 5 * s["heads"] * seq / s["h"]) * act_bytes / 2
+    layers = (s["L"] * 2 * seq * batch * s["h"] * act_bytes + per_layer) if checkpointing else s["L"] * per_layer
+    logits = 3 * 4 * batch * seq * s["V"]
+    return int(layers + logits)
+
+
+def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = None, world: int = 1,
+                prompt_tokens: int = 64) -> MemoryPlan:
+    """The plan for run config ``cfg`` (a ``RunConfig``) on the checkpoint in ``folder``; ``prompt_tokens``: the
+    longest prompt in tokens."""
+    t, r = cfg.train, cfg.rollout
+    model_cfg = json.loads((Path(folder) / "config.json").read_text())
+    s = _shape(model_cfg.get("text_config", model_cfg))
+    ckpt_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(model_cfg.get("dtype") or model_cfg.get("torch_dtype"), 4)
+    total, trainable = count_parameters_meta(folder, t.lora)
+    seq = prompt_tokens + r.max_new_tokens
+    z = t.zero_stage
+    comp = {"policy_weights": 4 * total,
+            "gradients": 4 * trainable // (world if z >= 2 else 1),
+            "optimizer_moments": 8 * trainable // (world if z >= 1 else 1)}
+    if t.uses_reference and not t.lora:
+        comp["reference"] = total * (ckpt_bytes if t.precision == "bf16" else 4)
+    if (t.advantage or "") == "gae" or t.algorithm == "ppo":
+        comp["critic"] = 16 * total
+    act_bytes = 2 if t.precision == "bf16" else 4
+    act = _activations(s, t.micro_batch_size, seq, t.gradient_checkpointing, act_bytes)
+    # Measured (benchmarks/plan_memory.py, CPU): a LoRA model's update holds about twice the activations of the
+    # same model fully fine-tuned (2.0-2.3x at 110M, micro-batches of 2-8), as peft's adapted layers keep tensors
+    # of their own for the adapters' backward.
+    comp["activations"] = 2 * act if t.lora else act
+    engine_bytes = ckpt_bytes if gpu else 4
+    comp["engine_weights"] = total * engine_bytes
+    completions = r.batch_size * r.samples_per_prompt
+    comp["engine_kv_cache"] = 2 * s["L"] * s["kv"] * s["head_dim"] * engine_bytes * completions * seq
+    plan = MemoryPlan(total, trainable, comp, completions * seq, budget)
+    if plan.fits is False:
+        plan.advice = _advice(plan, cfg)
+    return plan
+
+
+def _advice(plan: MemoryPlan, cfg: Any) -> list[str]:
+    """What to change, largest saving first."""
+    c, t, out = plan.components, cfg.train, []
+    if not t.lora:
+        out.append(f"train.lora: {{r: 16}} trains adapters only: gradients and Adam moments "
+                   f"{(c['gradients'] + c['optimizer_moments']) / GiB:.1f} GiB → a few MB, and no reference copy")
+    if t.zero_stage < 2 and not t.lora:
+        out.append("train.zero_stage: 2 with N ranks (rlpipe run --nproc N) splits gradients and moments N ways")
+    if not t.gradient_checkpointing:
+        out.append(f"train.gradient_checkpointing: true: activations {c['activations'] / GiB:.2f} GiB → about 1/L of them")
+    if t.micro_batch_size > 1:
+        out.append(f"train.micro_batch_size: {max(t.micro_batch_size // 2, 1)} halves the activations (batch_size stays; "
+                   "more accumulation steps)")
+    if cfg.rollout.gpu_memory_utilization > 0.2:
+        out.append("rollout.gpu_memory_utilization lower, or the rollout on its own GPU (services.rollout)")
+    return out
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    lines = [f"parameters {plan.parameters / 1e6:.2f}M, trainable {plan.trainable / 1e6:.2f}M; "
+             f"{plan.tokens_per_iteration:,} tokens per iteration at most"]
+    for k, v in plan.components.items():
+        lines.append(f"  {k:<18} {v / GiB:8.3f} GiB")
+    lines.append(f"  {'trainer (rank)':<18} {plan.trainer_bytes / GiB:8.3f} GiB")
+    lines.append(f"  {'total':<18} {plan.total_bytes / GiB:8.3f} GiB")
+    if plan.budget is not None:
+        lines.append(f"fits in {plan.budget / GiB:.2f} GiB: {'yes' if plan.fits else 'no'}")
+        lines += [f"  - {a}" for a in plan.advice]
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""`rlpipe plan`: exact parameter counts, the memory arithmetic by hand, advice when it does not fit."""
+
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from rlpipe.cli import app
+from rlpipe.config import RunConfig
+from rlpipe.training.plan import count_parameters_meta, plan_memory
+
+
+def _cfg(**train):
+    return RunConfig.model_validate({"train": {"batch_size": 8, "micro_batch_size": 8, **train},
+                                     "rollout": {"batch_size": 2, "samples_per_prompt": 4, "max_new_tokens": 16}})
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_parameters_counted_exactly_without_loading(standins, arch):
+    model = AutoModelForCausalLM.from_pretrained(standins[arch])
+    real = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())  # tied embeddings once
+    assert count_parameters_meta(standins[arch]) == (real, real)
+
+
+def test_components_by_hand(standins):
+    folder = standins["qwen2"]  # hidden 256, 6 layers, 4 heads, 2 kv heads (head_dim 64), vocabulary 716, bf16
+    p, _ = count_parameters_meta(folder)
+    plan = plan_memory(_cfg(kl_coef=0.05, precision="bf16"), folder, gpu=True, prompt_tokens=48)
+    c = plan.components
+    assert c["policy_weights"] == 4 * p and c["gradients"] == 4 * p and c["optimizer_moments"] == 8 * p
+    assert c["reference"] == 2 * p  # bf16: the checkpoint's own dtype
+    assert c["engine_weights"] == 2 * p
+    assert c["engine_kv_cache"] == 2 * 6 * 2 * 64 * 2 * (2 * 4) * (48 + 16)
+    s, b, h, a = 64, 8, 256, 4  # Korthikanti et al.: s·b·h·(34 + 5as/h) bytes a layer in 16 bits, + logits
+    assert c["activations"] == int(6 * s * b * h * (34 + 5 * a * s / h) + 3 * 4 * b * s * 716)
+    assert plan.tokens_per_iteration == 8 * 64 and "critic" not in c
+
+
+def test_zero_splits_and_lora_shrinks(standins):
+    folder = standins["qwen2"]
+    p, _ = count_parameters_meta(folder)
+    z2 = plan_memory(_cfg(zero_stage=2), folder, gpu=False, world=4).components
+    assert z2["gradients"] == 4 * p // 4 and z2["optimizer_moments"] == 8 * p // 4
+    lora = plan_memory(_cfg(lora={"r": 4}, kl_coef=0.05), folder, gpu=False)
+    from rlpipe.config import LoraConfig
+    from rlpipe.training.trainer import with_lora
+
+    peft_model = with_lora(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(r=4))
+    assert lora.trainable == sum(q.numel() for q in peft_model.parameters() if q.requires_grad) < p / 10
+    assert "reference" not in lora.components  # the base with adapters off
+    ppo = plan_memory(_cfg(algorithm="ppo"), folder, gpu=False).components
+    assert ppo["critic"] == 16 * p
+
+
+def test_cli_says_what_to_change_when_it_does_not_fit(standins):
+    res = CliRunner().invoke(app, ["plan", "--set", f"task.policy_model={standins['qwen2']}", "--gpu-mem", "0.05"])
+    assert res.exit_code == 1 and "fits in 0.05 GiB: no" in res.stdout
+    assert "train.lora" in res.stdout and "train.gradient_checkpointing: true" in res.stdout
+    ok = CliRunner().invoke(app, ["plan", "--set", f"task.policy_model={standins['qwen2']}", "--gpu-mem", "80", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["fits"] is True
