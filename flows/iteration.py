@@ -18,7 +18,7 @@ from tasks.rl import (
     evaluate, fault_point, prefetch_rollout, read_progress, rollout, run_history, run_state, sync_weights, update,
     upload_checkpoint, verify, write_progress,
 )
-from tasks.tracking import register_checkpoint
+from tasks.tracking import lora_tags, register_checkpoint
 
 # Earlier iterations the alert rules see: enough for every rule's window (throughput's median, memory
 # growth, reward hacking), and a constant, so an alert check late in a run costs what an early one costs.
@@ -70,7 +70,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
             ck = upload_checkpoint(config, run_id, iteration, u)
             registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
                                              aliases=("latest",), accuracy=val["accuracy"] if val else None,
-                                             test_accuracy=ev["accuracy"] if ev else None)
+                                             test_accuracy=ev["accuracy"] if ev else None, extra_tags=lora_tags(config, ck))
         fault_point(iteration, "register")
     metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start, nxt, waited)
     metrics |= mon.metrics(mark) | calls.drain()

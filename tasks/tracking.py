@@ -19,6 +19,17 @@ def start_tracking(config: RunConfig, run_id: str, kind: str, dataset_version: s
     return Tracker(settings(), config).start_run(config, run_id, kind, dataset_version)
 
 
+def lora_tags(config: RunConfig, checkpoint: dict[str, Any]) -> dict[str, str] | None:
+    """Lineage of a LoRA run's version: the adapter (beside the merged weights the version's folder holds) and the
+    base model it belongs to."""
+    lora = config.train.lora
+    if lora is None:
+        return None
+    return {"lora_base": config.task.policy_model, "lora_adapter": f"{checkpoint['checkpoint_uri'].rstrip('/')}/adapter",
+            "lora_r": str(lora.r), "lora_alpha": f"{lora.alpha:g}",
+            "lora_target_modules": lora.target_modules if isinstance(lora.target_modules, str) else ",".join(lora.target_modules)}
+
+
 @task(name="register-checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=120)
 def register_checkpoint(
     config: RunConfig,

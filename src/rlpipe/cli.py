@@ -141,6 +141,28 @@ def _plan_folder(cfg: RunConfig, s: Any, tmp: Path) -> Path:
     return fetch_source(resolve_source(cfg.task.policy_model, s, cfg), s)
 
 
+@app.command("export")
+def export_cmd(
+    model: Annotated[str, typer.Argument(help="A registered version (models:/NAME@ALIAS, models:/NAME/VERSION) or a save point folder.")],
+    out: Path,
+    merge: Annotated[bool, typer.Option("--merge", help="A plain HF folder with the adapter merged into the base weights (LoRA runs); without it, the adapter alone.")] = False,
+) -> None:
+    """Write a model version as a Hugging Face folder: weights, config, tokenizer and generation config, without
+    rlpipe's resumable state. A LoRA version: the adapter (peft's folder, naming its base) or, with --merge, the
+    merged weights every LoRA save point holds for the engine."""
+    from rlpipe.training.export import export_model
+    from rlpipe.training.models import fetch_source, resolve_source
+
+    s = settings()
+    try:
+        folder = fetch_source(resolve_source(model, s), s)
+        written = export_model(folder, out, merge=merge)
+    except (LookupError, FileNotFoundError, ValueError) as e:
+        typer.echo(f"export: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(written))
+
+
 @app.command("standin")
 def standin_cmd(
     folder: Path,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["encode_prompt", "eos_ids", "folder_eos_ids", "ensure_pad_token", "load_tokenizer", "render_prompt", "require_chat_template"]
+__all__ = ["encode_chat_turn", "encode_prompt", "eos_ids", "folder_eos_ids", "ensure_pad_token", "load_tokenizer", "render_prompt", "require_chat_template"]
 
 
 def _as_ids(value: Any) -> list[int]:
@@ -109,3 +109,26 @@ def folder_eos_ids(folder: Any, tokenizer: Any, override: Iterable[int | str] | 
 class _Gen:
     def __init__(self, eos: Any):
         self.eos_token_id = eos
+
+
+def encode_chat_turn(tokenizer: Any, messages: list[dict[str, Any]], response: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) of a chat row as the model's template writes the whole conversation: the
+    response is the assistant's content and the template's end-of-turn token (``<|im_end|>``, ``<|eot_id|>``),
+    which is what generation stops on. The tokenizer's ``eos_token`` may be another token (a base Qwen's
+    ``<|endoftext|>``): appending it would teach an ending the template never writes. The template's trailing
+    text after the end token (a newline) is left out."""
+    import json
+
+    prompt = render_prompt(tokenizer, json.dumps(messages), chat=True)
+    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}], tokenize=False)
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"]
+    tail = full[len(prompt):]
+    if not full.startswith(prompt) or not tail.startswith(response):
+        raise ValueError("the chat template does not write the assistant's turn after its generation prompt; "
+                         "training on chat needs a template where it does (render it with add_generation_prompt=True "
+                         "and compare)")
+    rest = tokenizer(tail[len(response):], add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    end = next((i for i, t in enumerate(rest) if t in special), None)
+    return list(p), list(r) + (rest[: end + 1] if end is not None else [tokenizer.eos_token_id])

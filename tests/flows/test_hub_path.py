@@ -84,18 +84,26 @@ def test_sft_grpo_ppo_on_both_engines_and_register(prefect_harness, standins, ch
     assert gen(registered) == gen(standins[arch])
 
 
-@pytest.mark.parametrize("arch", ["llama"])
-def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_data, arch):
+@pytest.mark.parametrize("arch,extra", [("llama", []), ("qwen2", ["train.lora={r: 8}", "train.gradient_checkpointing=true",
+                                                                    "train.kl_coef=0.01"])], ids=["llama", "qwen2-lora"])
+def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_data, arch, extra):
+    """Killed after iteration 1's update, resumed from iteration 0's save point: the same final weights as a run
+    never killed (LoRA: the adapter put back on the start model, the reference the base with adapters off)."""
     from prefect.settings import PREFECT_API_URL
 
     api = PREFECT_API_URL.value()
     sets = _sets(arch, chat_data, f"task.policy_model={standins[arch]}", "rollout.engine=hf",
-                 "train.total_iterations=2", "tracking.experiment=hub-kill")
-    ref = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-kill-ref", *sets], {}, api)
+                 "train.total_iterations=2", f"tracking.experiment=hub-kill-{arch}", *extra)
+    ref = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-kill-ref-{arch}", *sets], {}, api)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    killed = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-kill", *sets], {"RLPIPE_FAULT": "1:update"}, api)
+    killed = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-kill-{arch}", *sets], {"RLPIPE_FAULT": "1:update"}, api)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    done = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-kill", *sets], {}, api)
+    done = _cli(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-kill-{arch}", *sets], {}, api)
     assert done.returncode == 0, done.stderr[-3000:]
-    got, want = (json.loads((settings().run_dir(r) / "summary.json").read_text()) for r in ("hub-kill", "hub-kill-ref"))
+    got, want = (json.loads((settings().run_dir(r) / "summary.json").read_text()) for r in (f"hub-kill-{arch}", f"hub-kill-ref-{arch}"))
     assert got["final_policy_version"] == want["final_policy_version"]
+    if extra:
+        cfg = load_config("configs/grpo-arithmetic.yaml", [s for s in sets[1::2]])
+        mv = Tracker(settings(), cfg).version_by_alias(cfg.registered_model, "latest")
+        assert mv.tags["lora_r"] == "8" and mv.tags["lora_base"] == str(standins[arch])
+        assert mv.tags["lora_adapter"].endswith("/adapter")

@@ -91,3 +91,32 @@ def test_lora_resume_lands_on_identical_adapters(standins, tmp_path):
 def test_lora_target_that_matches_nothing_is_refused(standins):
     with pytest.raises(ValueError, match=r"\['qkv'\] match no linear module .* named \[.*'q_proj'"):
         _trainer(standins["qwen2"], lora=LORA | {"target_modules": ["q_proj", "qkv"]})
+
+
+def test_export_merged_equals_peft_merge_and_the_adapter_names_its_base(standins, tmp_path):
+    """`rlpipe export --merge` of a LoRA save point: a plain HF folder whose weights equal peft's own
+    merge_and_unload of base + adapter; without --merge, the adapter, loadable onto its base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    torch.set_num_threads(1)
+    t = _trainer(standins["qwen2"], lora=LORA)
+    t.update(fixed_batch(16), 0)
+    t.save(tmp_path / "state")
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", str(tmp_path / "state"), str(tmp_path / "merged"), "--merge"]).exit_code == 0
+    assert runner.invoke(app, ["export", str(tmp_path / "state"), str(tmp_path / "adapter")]).exit_code == 0
+    assert {p.name for p in (tmp_path / "merged").iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert not (tmp_path / "merged" / "deepspeed").exists() and not (tmp_path / "merged" / "trainer_state.json").exists()
+    adapter_cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter_cfg["base_model_name_or_path"] == str(standins["qwen2"])
+    base = AutoModelForCausalLM.from_pretrained(standins["qwen2"], dtype=torch.float32)
+    reference = PeftModel.from_pretrained(base, tmp_path / "adapter").merge_and_unload().state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).state_dict()
+    assert reference.keys() == merged.keys()
+    for k in reference:
+        assert torch.allclose(reference[k], merged[k], atol=1e-6), k
+    assert runner.invoke(app, ["export", str(tmp_path / "state"), str(tmp_path / "merged")]).exit_code == 2  # not empty

@@ -58,3 +58,28 @@ def test_batch_must_split_into_micro_batches(tiny_checkpoint):
 def test_pair_accuracy_counts_ties_as_wrong():
     assert pair_accuracy([1.0, 0.0, 2.0], [0.0, 0.0, 3.0]) == pytest.approx(1 / 3)
     assert torch.tensor(pair_accuracy([], [])) == 0
+
+
+def test_reward_model_on_a_hub_checkpoint_reads_chat_as_its_template_writes_it(standins, tmp_path):
+    """The RM trunk is the Llama stand-in (no pad token, EOS a list, fp16): chat pairs with Chinese prompts are
+    encoded as the template's assistant turn, the RM learns them, and the saved scorer scores the same."""
+    import json as _json
+
+    from rlpipe.config import RewardModelConfig
+    from rlpipe.training.reward_model import RewardModelTrainer, RewardScorer, encode_pairs, encode_response
+
+    rows = [{"prompt": _json.dumps([{"role": "user", "content": f"计算 {a}+{b}"}]), "chat": True,
+             "chosen": str(a + b), "rejected": "不知道", "margin": None} for a in range(10, 30) for b in range(10, 20)]
+    trainer = RewardModelTrainer(standins["llama"], RewardModelConfig(steps=30, lr=1e-3, batch_size=16, micro_batch_size=8,
+                                                                      eval_every=10, patience=3), seed=0)
+    tok = trainer.tokenizer
+    ids = encode_response(tok, rows[0]["prompt"], True, "20")
+    assert tok.decode(ids).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n20<|eot_id|>")
+    pairs = encode_pairs(tok, rows)
+    trainer.train(pairs[:160], pairs[160:180])
+    held = trainer.evaluate(pairs[180:])
+    assert held["pair_accuracy"] >= 0.9
+    trainer.save(tmp_path / "rm", trainer.reward_stats(pairs[:160]))
+    scorer = RewardScorer(tmp_path / "rm", version="t")
+    good, bad = scorer.score_texts([(rows[190]["prompt"], rows[190]["chosen"], True), (rows[190]["prompt"], "不知道", True)])
+    assert good > bad

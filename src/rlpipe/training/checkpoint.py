@@ -24,6 +24,7 @@ import torch
 from rlpipe.tokens import load_tokenizer
 
 TRAINER_STATE = "trainer_state.json"
+ADAPTER = "adapter"  # a LoRA save point's adapter folder (peft's adapter_config.json + adapter_model.safetensors)
 
 __all__ = ["RecyclingSafetensors", "RecyclingWrites", "Spare", "file_weights_sha256", "load_checkpoint", "save_checkpoint",
            "weights_sha256", "rng_state", "set_rng_state"]

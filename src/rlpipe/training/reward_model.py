@@ -24,7 +24,7 @@ import torch
 
 from rlpipe.algorithms.preference import preference_loss
 from rlpipe.config import RewardModelConfig
-from rlpipe.tokens import encode_prompt, load_tokenizer
+from rlpipe.tokens import encode_chat_turn, encode_prompt, load_tokenizer
 from rlpipe.training.checkpoint import file_weights_sha256
 
 __all__ = ["REWARD_STATS", "RewardModelTrainer", "RewardScorer", "RMTrainResult", "encode_response", "pair_accuracy"]
@@ -33,7 +33,11 @@ REWARD_STATS = "reward_stats.json"
 
 
 def encode_response(tokenizer: Any, prompt: str, chat: bool, response: str) -> list[int]:
-    """What the reward model reads: the rendered prompt, the response and the end token."""
+    """What the reward model reads: the rendered prompt, the response and the end token (for chat, the
+    assistant's turn as the template writes it, as the policy was trained to write it)."""
+    if chat:
+        p, r = encode_chat_turn(tokenizer, json.loads(prompt), response)
+        return p + r
     p = encode_prompt(tokenizer, prompt, chat)
     return p + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
@@ -115,8 +119,6 @@ class RewardModelTrainer:
         model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=torch.float32)
         torch.manual_seed(seed)
         self.tokenizer = load_tokenizer(model_dir)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
         self.engine = self._engine(model)
         self.loss_fn = preference_loss(cfg.loss)
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from rlpipe.config import SFTConfig
-from rlpipe.tokens import encode_prompt, render_prompt
+from rlpipe.tokens import encode_chat_turn, encode_prompt, render_prompt
 
 IGNORE = -100
 
@@ -34,24 +34,8 @@ def encode_example(tokenizer: Any, prompt_text: str, response: str) -> tuple[lis
 
 
 def encode_chat_example(tokenizer: Any, messages: list[dict[str, Any]], response: str) -> tuple[list[int], list[int]]:
-    """A chat row as the model's template writes the whole conversation, with loss on the assistant's turn only:
-    its content and the template's end-of-turn token (``<|im_end|>``, ``<|eot_id|>``), which is what generation
-    stops on. The tokenizer's ``eos_token`` may be another token (a base Qwen's ``<|endoftext|>``): appending it
-    would teach an ending the template never writes. The template's trailing text after the end token (a
-    newline) carries no loss."""
-    prompt = render_prompt(tokenizer, json.dumps(messages), chat=True)
-    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}], tokenize=False)
-    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    r = tokenizer(response, add_special_tokens=False)["input_ids"]
-    tail = full[len(prompt):]
-    if not full.startswith(prompt) or not tail.startswith(response):
-        raise ValueError("the chat template does not write the assistant's turn after its generation prompt; "
-                         "SFT on chat needs a template where it does (render it with add_generation_prompt=True "
-                         "and compare)")
-    rest = tokenizer(tail[len(response):], add_special_tokens=False)["input_ids"]
-    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
-    end = next((i for i, t in enumerate(rest) if t in special), None)
-    r += rest[: end + 1] if end is not None else [tokenizer.eos_token_id]
+    """A chat row with loss on the assistant's turn only (:func:`rlpipe.tokens.encode_chat_turn`)."""
+    p, r = encode_chat_turn(tokenizer, messages, response)
     return p + r, [IGNORE] * len(p) + r
 
 

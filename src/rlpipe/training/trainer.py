@@ -48,12 +48,11 @@ from rlpipe.net import free_port
 from rlpipe.storage.samples import Sample
 from rlpipe.tokens import load_tokenizer
 from rlpipe.training.checkpoint import (
-    TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
+    ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
 )
 
 __all__ = ["ADAPTER", "PolicyTrainer", "Sample", "init_distributed", "merged_state_dict", "with_lora"]
 
-ADAPTER = "adapter"  # a LoRA save point's adapter folder (peft's adapter_config.json + adapter_model.safetensors)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -924,6 +923,7 @@ class PolicyTrainer:
             _recycling(self.critic, folder, spare).save_checkpoint(str(folder / "critic"), tag="state", save_latest=False)
         if self.rank == 0:
             state = dict(self.state) | (extra_state or {}) | {"weights_sha256": digest, "world_size": self.world}
+            state |= {"lora_base": str(self.model_dir)} if self.cfg.lora else {}
             (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))
             torch.save(rng_state(), folder / "rng.pt")
         return digest
