@@ -83,7 +83,12 @@ def main() -> None:
         return child(*args.child)
     from rlpipe.training.standin import build_standin
 
-    results, env = [], os.environ | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    # glibc raises its mmap threshold after each large free (up to 32 MiB), after which freed activations stay in
+    # the heap and RSS keeps their high-water mark: measured at 110M, a LoRA update's peak read 2.5 GiB with the
+    # default and 1.7 GiB with the threshold fixed. A fixed threshold makes RSS follow the tensors alive.
+    results = []
+    env = os.environ | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MALLOC_MMAP_THRESHOLD_": "131072"}
     with tempfile.TemporaryDirectory() as tmp:
         for k, size in enumerate(args.sizes.split(",")):
             hidden, layers = SIZES[size]

@@ -107,6 +107,14 @@ class SFTConfig(_Strict):
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear warm-up, then constant).")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
     batch_size: int = Field(64, ge=1, description="Prompt/solution pairs per step.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Pairs per forward/backward; the step accumulates batch_size / micro_batch_size of them "
+        "(the gradient is the whole batch's: the loss is normalised by the batch's response tokens). null: one pass."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (as train.gradient_checkpointing).")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: the forward and backward under bfloat16 autocast; weights and AdamW state float32."
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     eval_every: int = Field(20, ge=1, description="Steps between validation accuracy checks (greedy).")
     eval_size: int | None = Field(
@@ -122,6 +130,12 @@ class SFTConfig(_Strict):
         description="Stop early once a periodic check reaches this greedy validation accuracy (keeps a base "
         "model middling so RL has room to improve); null: train all steps.",
     )
+
+    @model_validator(mode="after")
+    def _micro_divides(self) -> "SFTConfig":
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(f"@micro_batch_size@{self.micro_batch_size} does not divide sft.batch_size {self.batch_size}")
+        return self
 
 
 # Advantage estimators that read token-level rewards (and so per-step rewards of episodes).

@@ -115,3 +115,27 @@ def test_chat_sft_loss_is_on_the_assistant_turn_and_its_end_token_only(standins,
     full = tok.apply_chat_template(msgs + [{"role": "assistant", "content": "答案是 46"}], tokenize=False)
     assert full.startswith(tok.decode(ids))  # the same text the template writes, up to its end token
     assert "<tool_call>calc</tool_call>" in tok.decode(ids[: labels.index(next(lab for lab in labels if lab != IGNORE))])
+
+
+@pytest.mark.parametrize("extra", [{"micro_batch_size": 2}, {"micro_batch_size": 4, "gradient_checkpointing": True}])
+def test_accumulated_micro_batches_give_the_one_pass_update(extra):
+    """Examples of unequal length: the accumulated step normalises by the batch's tokens, as one pass does."""
+    from rlpipe.training.sft import train_sft_examples
+    from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    examples = [encode_example(tok, f"{a}+{b}=", str(a + b) * (1 + a % 3)) for a, b in [(12, 3), (7, 45), (99, 1), (5, 5),
+                                                                                    (23, 17), (8, 80), (61, 2), (4, 40)]]
+    cfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    models = [build_tiny_model(cfg, tok, seed=0) for _ in range(2)]
+    base = SFTConfig(steps=2, batch_size=8, lr=1e-2, warmup_steps=0, stop_at_accuracy=None)
+    a = train_sft_examples(models[0], tok, examples, base, seed=0)
+    b = train_sft_examples(models[1], tok, examples, base.model_copy(update=extra), seed=0)
+    assert a.history[0]["loss"] == pytest.approx(b.history[0]["loss"], rel=1e-5)
+    for (name, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        assert torch.allclose(p, q, atol=1e-5), name
+
+
+def test_micro_batch_must_divide_the_batch():
+    with pytest.raises(ValueError, match="does not divide sft.batch_size 8"):
+        SFTConfig(batch_size=8, micro_batch_size=3)

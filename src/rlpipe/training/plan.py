@@ -8,7 +8,7 @@ arithmetic on the config. Per trainer rank, bytes:
 - Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank;
 - reference: P in float32, or in the checkpoint's dtype under bf16; none under LoRA (adapters off) or without KL;
 - critic (PPO): weights, gradients and moments of a second trunk, 16·P;
-- activations of one micro-batch (twice as much under LoRA: measured, see below) (B sequences of S tokens, hidden h, L layers, vocabulary V): Korthikanti et
+- activations of one micro-batch (B sequences of S tokens, hidden h, L layers, vocabulary V): Korthikanti et
   al. 2022 (arXiv:2205.05198, eq. 2) give s·b·h·(34 + 5·a·s/h) bytes a layer in 16 bits; float32 doubles it.
   With gradient checkpointing a layer keeps only its input (4·s·b·h) and one layer is recomputed at a time. The
   logits and their log-softmax and gradient: 3·4·B·S·V;
@@ -112,11 +112,7 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     if (t.advantage or "") == "gae" or t.algorithm == "ppo":
         comp["critic"] = 16 * total
     act_bytes = 2 if t.precision == "bf16" else 4
-    act = _activations(s, t.micro_batch_size, seq, t.gradient_checkpointing, act_bytes)
-    # Measured (benchmarks/plan_memory.py, CPU): a LoRA model's update holds about twice the activations of the
-    # same model fully fine-tuned (2.0-2.3x at 110M, micro-batches of 2-8), as peft's adapted layers keep tensors
-    # of their own for the adapters' backward.
-    comp["activations"] = 2 * act if t.lora else act
+    comp["activations"] = _activations(s, t.micro_batch_size, seq, t.gradient_checkpointing, act_bytes)
     engine_bytes = ckpt_bytes if gpu else 4
     comp["engine_weights"] = total * engine_bytes
     completions = r.batch_size * r.samples_per_prompt

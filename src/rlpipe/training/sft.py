@@ -116,6 +116,24 @@ def evaluate_accuracy(
     return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "not_ok": sum(v.status != "ok" for v in results)}
 
 
+def accumulate(model: torch.nn.Module, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, cfg: SFTConfig,
+               device: torch.device) -> dict[str, float]:
+    """Backward of one step's batch in micro-batches of ``cfg.micro_batch_size``: each micro-batch's summed token
+    loss over the whole batch's response tokens, so the accumulated gradient is the one-pass gradient of the
+    batch's mean loss (not the mean of micro-batch means, which weights short micro-batches up)."""
+    size = cfg.micro_batch_size or len(batch)
+    total = sum(sum(1 for lab in labels[1:] if lab != IGNORE) for _, labels in batch)
+    loss_sum = 0.0
+    for start in range(0, len(batch), size):
+        micro = {k: v.to(device) for k, v in collate(batch[start : start + size], pad_id).items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            logits = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"]).logits
+        loss, m = sft_loss(logits, micro["labels"])
+        (loss * m["tokens"] / max(total, 1)).backward()
+        loss_sum += m["loss"] * m["tokens"]
+    return {"loss": loss_sum / max(total, 1), "tokens": total}
+
+
 @dataclass
 class SFTResult:
     steps: int
@@ -163,7 +181,11 @@ def train_sft_examples(
         raise ValueError("SFT needs at least one example")
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    model.train()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the trainer's rule: a GPU when present
+    model.to(device).train()
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
     order: list[int] = []
@@ -176,11 +198,8 @@ def train_sft_examples(
             rng.shuffle(epoch)
             order += epoch
         idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        batch = collate([examples[i] for i in idx], tokenizer.pad_token_id)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss, metrics = sft_loss(logits, batch["labels"])
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        metrics = accumulate(model, [examples[i] for i in idx], tokenizer.pad_token_id, cfg, device)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         opt.step()
         sched.step()
