@@ -116,14 +116,9 @@ def plan_cmd(
     from rlpipe.training.plan import format_plan, plan_memory
 
     cfg, s = _load(config, set_), settings()
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            folder = _plan_folder(cfg, s, Path(tmp))
-            plan = plan_memory(cfg, folder, gpu=gpu_mem is not None, world=nproc, prompt_tokens=prompt_tokens,
-                               budget=int(gpu_mem * 2**30) if gpu_mem is not None else None)
-        except (LookupError, FileNotFoundError, ValueError) as e:
-            typer.echo(f"plan: {e}", err=True)
-            raise typer.Exit(2) from None
+    with tempfile.TemporaryDirectory() as tmp, _refused("plan"):
+        plan = plan_memory(cfg, _plan_folder(cfg, s, Path(tmp)), gpu=gpu_mem is not None, world=nproc,
+                           prompt_tokens=prompt_tokens, budget=int(gpu_mem * 2**30) if gpu_mem is not None else None)
     typer.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
     if plan.fits is False:
         raise typer.Exit(1)
@@ -154,13 +149,19 @@ def export_cmd(
     from rlpipe.training.models import fetch_source, resolve_source
 
     s = settings()
-    try:
-        folder = fetch_source(resolve_source(model, s), s)
-        written = export_model(folder, out, merge=merge)
-    except (LookupError, FileNotFoundError, ValueError) as e:
-        typer.echo(f"export: {e}", err=True)
-        raise typer.Exit(2) from None
+    with _refused("export"):
+        written = export_model(fetch_source(resolve_source(model, s), s), out, merge=merge)
     typer.echo(str(written))
+
+
+@contextlib.contextmanager
+def _refused(command: str):
+    """A user's mistake (a model that is not there, a bad argument) as one line and exit 2, not a traceback."""
+    try:
+        yield
+    except (LookupError, FileNotFoundError, ValueError) as e:
+        typer.echo(f"{command}: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("standin")
@@ -176,12 +177,9 @@ def standin_cmd(
     16-bit safetensors) to FOLDER: a stand-in for a hub model where none can be downloaded."""
     from rlpipe.training.standin import build_standin
 
-    try:
+    with _refused("standin"):
         out = build_standin(folder, arch, hidden=hidden, layers=layers, heads=max(hidden // 64, 1),
                             kv_heads=max(hidden // 128, 1), intermediate=hidden * 4, seed=seed)
-    except ValueError as e:
-        typer.echo(f"standin: {e}", err=True)
-        raise typer.Exit(2) from None
     typer.echo(str(out))
 
 
