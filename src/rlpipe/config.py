@@ -304,7 +304,7 @@ class RolloutConfig(_Strict):
     )
     stop_tokens: list[int | str] | None = Field(
         None, description="Tokens (ids or strings) that end a response; null: the model's generation_config.json "
-        "eos_token_id (an int or a list) and its tokenizer's EOS."
+        "eos_token_id (an int or a list) and its tokenizer's EOS; []: none, every response runs to max_new_tokens."
     )
     sync_tolerance: float | None = Field(
         None, gt=0, description="Weight-sync proof: after each reload the engine's log-probs of a fixed probe batch "

@@ -19,6 +19,16 @@ from rlpipe.tracking.mlflow_utils import Tracker
 from tests.flows.test_train_flow import _cli
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _engines_closed():
+    """The runs here start engines of two architectures the rest of the suite never uses: close them after the
+    module (each vLLM engine holds a 1 GiB KV cache for as long as the process keeps it)."""
+    yield
+    from rlpipe.rollout.engines import close_engines
+
+    close_engines()
+
+
 @pytest.fixture(scope="module")
 def chat_data(tmp_path_factory):
     """Addition as chat messages in TRL's conversational form; every third question in Chinese."""

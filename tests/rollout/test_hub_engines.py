@@ -104,3 +104,24 @@ def test_agent_turns_use_the_checkpoints_template_with_its_tool_role(standins, a
     for r in out:
         assert r.episode.status == "ok" and len(r.response_ids) == len(r.logprobs) == len(r.loss_mask)
         assert tok.decode(r.prompt_ids).startswith("<|im_start|>" if arch == "qwen2" else "<|begin_of_text|><|start")
+
+
+def test_no_hidden_context_cap_a_response_of_thousands_of_tokens(standins):
+    """The engine's context is what the prompts and max_new_tokens need, up to the model's own (8,192 here), not
+    a constant: a 2,048-token response comes back whole (rollout.stop_tokens: [] -- no end token)."""
+    from rlpipe.config import RunConfig
+    from tasks.rl import context_length
+
+    cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 2048}})
+    rows = [{"prompt": PROMPT}]
+    length = context_length(cfg, rows, str(standins["qwen2"]))
+    assert 2048 < length <= 8192
+    with pytest.raises(ValueError, match="exceeds the model's own context"):
+        context_length(RunConfig.model_validate({"rollout": {"max_model_len": 9000}}), rows, str(standins["qwen2"]))
+    tok = load_checkpoint(standins["qwen2"])[1]
+    engine = new_engine("vllm", standins["qwen2"], max_model_len=length, seed=0, stop_tokens=[])
+    try:
+        out = engine.generate([encode_prompt(tok, PROMPT, chat=True)], SamplingConfig(n=1, max_new_tokens=2048, seed=0))
+        assert len(out[0][0].token_ids) == 2048 and out[0][0].finish_reason == "length"
+    finally:
+        engine.close()

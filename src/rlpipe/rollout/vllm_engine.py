@@ -233,6 +233,7 @@ class VLLMEngine:
                 logprobs=0 if sampling.temperature > 0 else None,
                 seed=None if sampling.seed is None else sampling.seed + i,
                 stop_token_ids=self.stop_ids,
+                ignore_eos=not self.stop_ids,  # rollout.stop_tokens: [] -- every response runs to max_new_tokens
                 # The text is decoded below in one call, as the HF engine decodes it: vLLM's per-step
                 # incremental detokenizer and the decoding of every log-prob's token cost ~13% of a
                 # generate at the demo size (benchmarks/README.md), and no stop string needs the text.
