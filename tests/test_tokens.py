@@ -16,16 +16,16 @@ class _Tok(SimpleNamespace):
 
 @pytest.mark.parametrize("eos,expected", [(7, {7, 2}), ([7, 9], {7, 9, 2}), (None, {2})])
 def test_eos_an_int_a_list_or_only_the_tokenizers(eos, expected):
-    assert eos_ids(SimpleNamespace(eos_token_id=eos), _Tok(eos_token_id=2, unk_token_id=0)) == expected
+    assert eos_ids(eos, _Tok(eos_token_id=2, unk_token_id=0)) == expected
 
 
 def test_stop_tokens_override_by_id_or_name_and_unknown_names_refused():
     tok = _Tok(eos_token_id=2, unk_token_id=0)
-    assert eos_ids(SimpleNamespace(eos_token_id=[5]), tok, ["<|im_end|>", 11]) == {7, 11}
+    assert eos_ids([5], tok, ["<|im_end|>", 11]) == {7, 11}
     with pytest.raises(ValueError, match="'<nope>' is not in the model's vocabulary"):
-        eos_ids(SimpleNamespace(eos_token_id=5), tok, ["<nope>"])
+        eos_ids(5, tok, ["<nope>"])
     with pytest.raises(ValueError, match="rollout.stop_tokens"):
-        eos_ids(SimpleNamespace(eos_token_id=None), _Tok(eos_token_id=None, unk_token_id=0))
+        eos_ids(None, _Tok(eos_token_id=None, unk_token_id=0))
 
 
 def test_folder_eos_reads_generation_config_int_and_list(standins):

@@ -24,7 +24,7 @@ def _as_ids(value: Any) -> list[int]:
     raise TypeError(f"eos_token_id must be an int or a list of ints, not {value!r}")
 
 
-def eos_ids(generation_config: Any, tokenizer: Any, override: Iterable[int | str] | None = None) -> set[int]:
+def eos_ids(eos_token_id: Any, tokenizer: Any, override: Iterable[int | str] | None = None) -> set[int]:
     """The token ids that end a response: ``override`` when given (ids or token strings, e.g. from
     ``rollout.stop_tokens``), else the generation config's ``eos_token_id`` (an int or a list) together with the
     tokenizer's EOS, as vLLM stops on both."""
@@ -36,7 +36,7 @@ def eos_ids(generation_config: Any, tokenizer: Any, override: Iterable[int | str
                 raise ValueError(f"stop token {t!r} is not in the model's vocabulary")
             out.add(int(tid))
         return out
-    out = set(_as_ids(getattr(generation_config, "eos_token_id", None)))
+    out = set(_as_ids(eos_token_id))
     if getattr(tokenizer, "eos_token_id", None) is not None:
         out.add(int(tokenizer.eos_token_id))
     if not out:
@@ -102,13 +102,8 @@ def folder_eos_ids(folder: Any, tokenizer: Any, override: Iterable[int | str] | 
         if path.exists():
             cfg = json.loads(path.read_text())
             if cfg.get("eos_token_id") is not None or override is not None:
-                return eos_ids(_Gen(cfg.get("eos_token_id")), tokenizer, override)
-    return eos_ids(_Gen(None), tokenizer, override)
-
-
-class _Gen:
-    def __init__(self, eos: Any):
-        self.eos_token_id = eos
+                return eos_ids(cfg.get("eos_token_id"), tokenizer, override)
+    return eos_ids(None, tokenizer, override)
 
 
 def encode_chat_turn(tokenizer: Any, messages: list[dict[str, Any]], response: str) -> tuple[list[int], list[int]]:

@@ -65,3 +65,12 @@ def test_tokenizer_of_another_model_is_refused(standins, tmp_path):
 
 def test_model_context_is_the_checkpoints_own(standins):
     assert model_context(standins["qwen2"]) == 8192
+
+
+def test_a_reward_model_folder_rlpipe_saved_is_accepted(tiny_reward_model):
+    """The same trunk with a scalar head (*ForTokenClassification) is a model rlpipe loads, not a refusal."""
+    from rlpipe.config import settings
+
+    folder = tiny_reward_model[0]
+    assert json.loads((folder / "config.json").read_text())["architectures"][0].endswith("ForTokenClassification")
+    assert fetch_source(str(folder), settings()) == folder

@@ -32,7 +32,7 @@ class HFEngine:
         """An engine over a model in memory (e.g. evaluation during SFT); it shares the model's weights."""
         self = cls.__new__(cls)
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
-        self.stop_ids = eos_ids(model.generation_config, tokenizer)
+        self.stop_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
         self._sha = weights_sha256(model.state_dict())
         return self
 

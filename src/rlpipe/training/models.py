@@ -103,7 +103,9 @@ def check_model_folder(folder: Path, spec: str) -> None:
                                 "causal-LM folder (config.json, *.safetensors, tokenizer files)")
     cfg = json.loads(cfg_path.read_text())
     archs = cfg.get("architectures") or []
-    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForSequenceClassification")) for a in archs):
+    # A reward model or critic rlpipe saved is the same trunk with a scalar head (*ForTokenClassification).
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForTokenClassification", "ForSequenceClassification"))
+                         for a in archs):
         raise ValueError(f"{spec}: {cfg_path} describes {archs}, not a causal language model; rlpipe trains "
                          "*ForCausalLM checkpoints (a base or instruct LM folder)")
     vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
