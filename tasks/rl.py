@@ -35,8 +35,8 @@ from rlpipe.runtime import RunServices, register_services, services
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from rlpipe.storage.store import open_store
+from rlpipe.tokens import load_tokenizer, render_prompt, require_chat_template
 from rlpipe.training.checkpoint import file_weights_sha256, read_trainer_state
-from rlpipe.training.sft import render_prompt
 from tasks._log import run_logger
 from tasks.stage import stage
 
@@ -113,6 +113,9 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     train, test = split_rows(config, rows, "train"), split_rows(config, rows, "test")
     start = time.perf_counter()
     policy_dir = resume_dir or model_dir
+    if config.agent is None and any(r["chat"] for r in rows):  # before an engine starts, not at the first prompt
+        require_chat_template(load_tokenizer(policy_dir), f"task.dataset {config.task.dataset} with task.policy_model "
+                              f"{config.task.policy_model}")
     if _urls(config).rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
         engine = _remote_engine(config, run_id, policy_dir)
     else:

@@ -117,3 +117,20 @@ def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_da
         mv = Tracker(settings(), cfg).version_by_alias(cfg.registered_model, "latest")
         assert mv.tags["lora_r"] == "8" and mv.tags["lora_base"] == str(standins[arch])
         assert mv.tags["lora_adapter"].endswith("/adapter")
+
+
+def test_chat_data_for_a_tokenizer_without_a_template_is_refused_before_the_engine(prefect_harness, standins, chat_data,
+                                                                                   tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(standins["qwen2"], bare)
+    (bare / "chat_template.jinja").unlink()
+    cfg = json.loads((bare / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
+    res = CliRunner().invoke(app, ["run", "configs/grpo-arithmetic.yaml", "--run-id", "hub-no-template",
+                                   *_sets("qwen2", chat_data, f"task.policy_model={bare}", "rollout.engine=vllm",
+                                          "train.total_iterations=1")])
+    assert res.exit_code != 0
+    assert "no chat template" in str(res.exception) + res.output  # start_services checks it before the engine
