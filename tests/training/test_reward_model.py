@@ -70,7 +70,7 @@ def test_reward_model_on_a_hub_checkpoint_reads_chat_as_its_template_writes_it(s
 
     rows = [{"prompt": _json.dumps([{"role": "user", "content": f"计算 {a}+{b}"}]), "chat": True,
              "chosen": str(a + b), "rejected": "不知道", "margin": None} for a in range(10, 30) for b in range(10, 20)]
-    trainer = RewardModelTrainer(standins["llama"], RewardModelConfig(steps=30, lr=1e-3, batch_size=16, micro_batch_size=8,
+    trainer = RewardModelTrainer(standins["llama"], RewardModelConfig(steps=20, lr=1e-3, batch_size=16, micro_batch_size=8,
                                                                       eval_every=10, patience=3), seed=0)
     tok = trainer.tokenizer
     ids = encode_response(tok, rows[0]["prompt"], True, "20")
