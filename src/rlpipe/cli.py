@@ -797,6 +797,10 @@ def serve_rollout(
     max_queue: Annotated[int, typer.Option(help="Requests that may wait for the engine; more are refused with 429.")] = 8,
     request_timeout: Annotated[float, typer.Option(help="Seconds a request without timeout_s waits for its turn (then 504).")] = 300.0,
     seed: Annotated[int, typer.Option(help="Engine seed (requests carry their own sampling seeds).")] = 0,
+    gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM: the GPU's share the engine may take (0.9 when the service has its GPU alone).")] = 0.3,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="vLLM: most sequences in one step (default: vLLM's).")] = None,
+    tensor_parallel_size: Annotated[int, typer.Option(help="vLLM: GPUs the engine spans.")] = 1,
+    enable_prefix_caching: Annotated[bool, typer.Option(help="vLLM: reuse the KV cache of shared prefixes.")] = False,
 ) -> None:
     """HTTP rollout service: /generate, /logprobs, /weights (from the object store, hash-checked), /health,
     /metrics. Runs point at its replicas with services.rollout (or RLPIPE_ROLLOUT_URL, comma-separated)."""
@@ -812,7 +816,10 @@ def serve_rollout(
     except (LookupError, FileNotFoundError) as e:
         typer.echo(f"serve rollout: {e}", err=True)
         raise typer.Exit(2) from None
-    eng = new_engine(engine, folder, max_model_len=max_model_len, seed=seed)
+    eng = new_engine(engine, folder, max_model_len=max_model_len, seed=seed, **(
+        {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+         "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching}
+        if engine == "vllm" else {}))
     typer.echo(f"rollout service ({eng.name}, weights {eng.weights_sha256()[:12]}) on http://{host}:{port}", err=True)
     serve(eng, folder, open_store(s.resolve_storage_uri(), s), host=host, port=port, max_model_len=max_model_len,
           max_queue=max_queue, request_timeout_s=request_timeout)
