@@ -458,6 +458,20 @@ class TrainConfig(_Strict):
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (only built for 'gae').")
     batch_size: int = Field(64, ge=1, description="Completions per optimizer step (global).")
     micro_batch_size: int = Field(64, ge=1, description="Completions per forward/backward (per rank).")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="Micro-batches by token budget instead of by count (verl's use_dynamic_bsz, "
+        "OpenRLHF's packing budget): each rank's share of a mini-batch is cut into micro-batches of at most this "
+        "many prompt+response tokens (as packed: the sum of the lengths; padded: rows × the longest), longest "
+        "first, so short responses share a forward and a long one gets its own. A sequence longer than the budget "
+        "is a micro-batch alone (counted in micro/over_budget). Ranks take the same number of micro-batches (an "
+        "empty one still joins the step). The loss is the same as with count micro-batches: it is normalised by "
+        "the mini-batch's totals. null: micro_batch_size completions each."
+    )
+    offload_optimizer: bool = Field(
+        False, description="ZeRO-Offload: the optimizer's fp32 master weights and Adam moments live in CPU memory "
+        "and the step runs there (needs zero_stage 1, 2 or 3); the GPU keeps the weights, gradients and "
+        "activations. On a CPU-only machine it changes where nothing lives but runs the same code path."
+    )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: the policy's, the reference's and the critic's forward passes (and so their "
         "backward) run under bfloat16 autocast, as TRL's bf16=True: weights, gradients, Adam moments, log-probs and "
@@ -466,8 +480,10 @@ class TrainConfig(_Strict):
         "probe still compares the engine with the trainer's float32 forward."
     )
     zero_stage: int = Field(
-        0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0, 1 or 2 (3 is refused: it partitions the parameters "
-        "themselves and the weight export does not gather them)."
+        0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0 (none), 1 (optimizer state split over the ranks), 2 "
+        "(and gradients), 3 (and the weights themselves: each rank holds 1/N of them and gathers a layer's when it "
+        "runs; the export, the sync and every checkpoint gather them into a whole HF folder on rank 0). Not with "
+        "train.lora (its trainable state is small: use 2)."
     )
     total_iterations: int = Field(80, ge=1, description="RL iterations (one Prefect flow run each).")
     save_interval: int = Field(20, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
@@ -524,9 +540,12 @@ class TrainConfig(_Strict):
             raise ValueError(f"unknown policy_loss {self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}")
         if self.kl_target is not None and self.kl_coef <= 0:
             raise ValueError("kl_target (adaptive KL) needs a starting kl_coef > 0, e.g. 0.01")
-        if self.zero_stage == 3:
-            raise ValueError("@zero_stage@ZeRO stage 3 is refused: it partitions the parameters, and the weight export "
-                             "(sync, checkpoints) does not gather them; use 0, 1 or 2")
+        if self.zero_stage == 3 and self.lora:
+            raise ValueError("@zero_stage@ZeRO stage 3 with train.lora is refused: the adapters' merge runs on whole "
+                             "weights; LoRA's trainable state is small, so use zero_stage 2 (or drop train.lora)")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("@offload_optimizer@train.offload_optimizer needs ZeRO (DeepSpeed offloads the "
+                             "optimizer of stage 1, 2 or 3); set train.zero_stage: 2")
         return self
 
 

@@ -126,3 +126,45 @@ def test_export_merged_equals_peft_merge_and_the_adapter_names_its_base(standins
     for k in reference:
         assert torch.allclose(reference[k], merged[k], atol=1e-6), k
     assert runner.invoke(app, ["export", str(tmp_path / "state"), str(tmp_path / "merged")]).exit_code == 2  # not empty
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_zero3_exports_whole_weights_and_resumes_to_the_same_update(standins, arch, tmp_path):
+    """ZeRO-3 holds each weight partitioned; its export gathers them into the folder ZeRO-0 writes (tied and
+    untied embeddings), and a resume from its save point lands on the uninterrupted run's next update."""
+    torch.set_num_threads(1)
+    plain, z3 = _trainer(standins[arch]), _trainer(standins[arch], zero_stage=3)
+    assert z3.engine.zero_optimization_partition_weights()
+    assert all(p.numel() == 0 for n, p in z3.module.named_parameters() if "proj" in n)  # partitioned away
+    plain.update(fixed_batch(16), 0)
+    z3.update(fixed_batch(16), 0)
+    plain.export_weights(tmp_path / "zero0")
+    z3.save(tmp_path / "zero3")
+    a, b = load_file(tmp_path / "zero0" / "model.safetensors"), load_file(tmp_path / "zero3" / "model.safetensors")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.allclose(a[k], b[k], atol=1e-5), k  # 1% of an lr-1e-3 step
+    z3.update(fixed_batch(32)[16:], 1)
+    after = z3.export_weights(tmp_path / "after")
+    resumed = _trainer(standins[arch], resume=tmp_path / "zero3", zero_stage=3)
+    resumed.update(fixed_batch(32)[16:], 1)
+    assert resumed.export_weights(tmp_path / "resumed") == after
+
+
+def test_optimizer_offload_runs_the_step_on_cpu_with_the_same_result(standins):
+    torch.set_num_threads(1)
+    z2, off = _trainer(standins["qwen2"], zero_stage=2), _trainer(standins["qwen2"], zero_stage=2, offload_optimizer=True)
+    assert off.engine.zero_cpu_offload() and not z2.engine.zero_cpu_offload()
+    a, b = z2.update(fixed_batch(16), 0), off.update(fixed_batch(16), 0)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    for (name, p), (_, q) in zip(z2.module.named_parameters(), off.module.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    state = next(iter(off.engine.optimizer.optimizer.state.values()))
+    assert state["exp_avg"].device.type == "cpu"
+
+
+def test_zero3_with_lora_and_offload_without_zero_are_refused():
+    with pytest.raises(ValueError, match="ZeRO stage 3 with train.lora is refused.*zero_stage 2"):
+        TrainConfig(zero_stage=3, lora={"r": 4})
+    with pytest.raises(ValueError, match="offload_optimizer needs ZeRO"):
+        TrainConfig(offload_optimizer=True)

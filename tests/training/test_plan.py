@@ -42,6 +42,13 @@ def test_zero_splits_and_lora_shrinks(standins):
     p, _ = count_parameters_meta(folder)
     z2 = plan_memory(_cfg(zero_stage=2), folder, gpu=False, world=4).components
     assert z2["gradients"] == 4 * p // 4 and z2["optimizer_moments"] == 8 * p // 4
+    assert z2["policy_weights"] == 4 * p  # whole on every rank until ZeRO-3
+    z3 = plan_memory(_cfg(zero_stage=3), folder, gpu=True, world=4).components
+    assert z3["policy_weights"] == 4 * p // 4 and z3["gradients"] == 4 * p // 4
+    off = plan_memory(_cfg(zero_stage=2, offload_optimizer=True), folder, gpu=True, world=4, budget=2**40)
+    assert "optimizer_moments" not in off.components
+    assert off.components["cpu_optimizer_offload"] == 8 * p // 4 + 4 * p // 4  # moments + fp32 partition
+    assert off.total_bytes == sum(v for k, v in off.components.items() if k != "cpu_optimizer_offload")
     lora = plan_memory(_cfg(lora={"r": 4}, kl_coef=0.05), folder, gpu=False)
     from rlpipe.config import LoraConfig
     from rlpipe.training.trainer import with_lora
@@ -59,3 +66,11 @@ def test_cli_says_what_to_change_when_it_does_not_fit(standins):
     assert "train.lora" in res.stdout and "train.gradient_checkpointing: true" in res.stdout
     ok = CliRunner().invoke(app, ["plan", "--set", f"task.policy_model={standins['qwen2']}", "--gpu-mem", "80", "--json"])
     assert ok.exit_code == 0 and json.loads(ok.stdout)["fits"] is True
+
+
+def test_a_token_budget_sizes_the_activations(standins):
+    """8 sequences of 64 tokens, or a budget of 130 tokens: two sequences a micro-batch."""
+    folder = standins["qwen2"]
+    whole = plan_memory(_cfg(), folder, gpu=False, prompt_tokens=48).components["activations"]
+    two = plan_memory(_cfg(max_tokens_per_micro_batch=130), folder, gpu=False, prompt_tokens=48).components["activations"]
+    assert two == pytest.approx(whole / 4, rel=1e-6)

@@ -22,7 +22,8 @@ VARIANTS = {
     "gspo": ["algorithm=gspo", "clip_ratio_low=0.0003", "clip_ratio_high=0.0004"],
 }
 # Every case, updated from the same checkpoint by one rank and by two: one launch per world size.
-CASES = {f"zero{z}": {"zero": z, "kl": 0.05} for z in (0, 1, 2)} | {
+CASES = {f"zero{z}": {"zero": z, "kl": 0.05} for z in (0, 1, 2, 3)} | {
+    "zero2_offload": {"zero": 2, "kl": 0.05, "sets": ["offload_optimizer=true"]}} | {
     name: {"zero": 0, "kl": 0.05, "sets": sets} for name, sets in VARIANTS.items()}
 
 
@@ -49,7 +50,7 @@ def updates(tiny_checkpoint, tmp_path_factory):
     return {n: _launch(tiny_checkpoint, root / f"world{n}", n) for n in (1, 2)}
 
 
-@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3, "2_offload"])
 def test_two_ranks_give_the_same_update_as_one(tiny_checkpoint, updates, zero):
     (m1, w1), (m2, w2) = updates[1][f"zero{zero}"], updates[2][f"zero{zero}"]
     assert m1["world"] == 1 and m2["world"] == 2
@@ -61,6 +62,16 @@ def test_two_ranks_give_the_same_update_as_one(tiny_checkpoint, updates, zero):
     for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "tokens"):
         assert abs(m1["metrics"][key] - m2["metrics"][key]) < 1e-5 * max(1.0, abs(m1["metrics"][key])), key
     assert m1["metrics"]["samples_excluded"] == 4 and m1["metrics"]["optimizer_steps"] == 3
+
+
+def test_zero3_on_two_ranks_exports_the_folder_zero0_writes(updates):
+    """Each of two ranks holds half of every weight under ZeRO-3; the export gathers them into the same
+    whole folder as one rank without ZeRO (same names, dtypes and values up to float rounding)."""
+    w0, w3 = updates[1]["zero0"][1], updates[2]["zero3"][1]
+    assert sorted(w0) == sorted(w3)
+    for k in w0:
+        assert w0[k].dtype == w3[k].dtype and w0[k].shape == w3[k].shape, k
+        assert torch.allclose(w0[k], w3[k], atol=2e-6, rtol=1e-5), k
 
 
 def test_cases_in_one_process_equal_a_fresh_process(tiny_checkpoint, updates, tmp_path):

@@ -4,11 +4,13 @@ Parameters are counted exactly (the architecture built on the meta device, no we
 arithmetic on the config. Per trainer rank, bytes:
 
 - policy weights: float32 master copy, 4·P (the trainer always holds float32; ``precision: bf16`` is autocast);
+  ZeRO-3 splits them by rank;
 - gradients: 4·P_train (P_train = P, or the adapters' parameters under LoRA); ZeRO ≥ 2 splits them by rank;
-- Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank;
+- Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank; ``offload_optimizer`` moves them and the fp32
+  partition (4·P_train/N) to CPU memory (``cpu_optimizer_offload``, not in the GPU's total);
 - reference: P in float32, or in the checkpoint's dtype under bf16; none under LoRA (adapters off) or without KL;
 - critic (PPO): weights, gradients and moments of a second trunk, 16·P;
-- activations of one micro-batch (B sequences of S tokens, hidden h, L layers, vocabulary V): Korthikanti et
+- activations of one micro-batch (B sequences of S tokens; under ``max_tokens_per_micro_batch`` B = budget // S, hidden h, L layers, vocabulary V): Korthikanti et
   al. 2022 (arXiv:2205.05198, eq. 2) give s·b·h·(34 + 5·a·s/h) bytes a layer in 16 bits; float32 doubles it.
   With gradient checkpointing a layer keeps only its input (4·s·b·h) and one layer is recomputed at a time. The
   logits and their log-softmax and gradient: 3·4·B·S·V;
@@ -43,11 +45,11 @@ class MemoryPlan:
 
     @property
     def trainer_bytes(self) -> int:
-        return sum(v for k, v in self.components.items() if not k.startswith("engine"))
+        return sum(v for k, v in self.components.items() if not k.startswith(("engine", "cpu_")))
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.components.values())
+        return sum(v for k, v in self.components.items() if not k.startswith("cpu_"))
 
     @property
     def fits(self) -> bool | None:
@@ -104,15 +106,20 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     total, trainable = count_parameters_meta(folder, t.lora)
     seq = prompt_tokens + r.max_new_tokens
     z = t.zero_stage
-    comp = {"policy_weights": 4 * total,
+    comp = {"policy_weights": 4 * total // (world if z >= 3 else 1),
             "gradients": 4 * trainable // (world if z >= 2 else 1),
             "optimizer_moments": 8 * trainable // (world if z >= 1 else 1)}
+    if t.offload_optimizer and gpu:  # in CPU memory: not the GPU's
+        comp["cpu_optimizer_offload"] = comp.pop("optimizer_moments") + (4 * trainable // world if z >= 1 else 0)
     if t.uses_reference and not t.lora:
         comp["reference"] = total * (ckpt_bytes if t.precision == "bf16" else 4)
     if (t.advantage or "") == "gae" or t.algorithm == "ppo":
         comp["critic"] = 16 * total
     act_bytes = 2 if t.precision == "bf16" else 4
-    comp["activations"] = _activations(s, t.micro_batch_size, seq, t.gradient_checkpointing, act_bytes)
+    rows = t.micro_batch_size
+    if t.max_tokens_per_micro_batch:  # a token budget: as many sequences of the longest length as fit (at least one)
+        rows = max(1, t.max_tokens_per_micro_batch // seq)
+    comp["activations"] = _activations(s, rows, seq, t.gradient_checkpointing, act_bytes)
     engine_bytes = ckpt_bytes if gpu else 4
     comp["engine_weights"] = total * engine_bytes
     completions = r.batch_size * r.samples_per_prompt
@@ -131,6 +138,11 @@ def _advice(plan: MemoryPlan, cfg: Any) -> list[str]:
                    f"{(c['gradients'] + c['optimizer_moments']) / GiB:.1f} GiB → a few MB, and no reference copy")
     if t.zero_stage < 2 and not t.lora:
         out.append("train.zero_stage: 2 with N ranks (rlpipe run --nproc N) splits gradients and moments N ways")
+    if t.zero_stage < 3 and not t.lora:
+        out.append("train.zero_stage: 3 with N ranks splits the weights too (each rank gathers a layer as it runs)")
+    if t.zero_stage >= 1 and not t.offload_optimizer:
+        out.append(f"train.offload_optimizer: true moves the Adam moments ({c['optimizer_moments'] / GiB:.1f} GiB) "
+                   "to CPU memory (the step runs there)")
     if not t.gradient_checkpointing:
         out.append(f"train.gradient_checkpointing: true: activations {c['activations'] / GiB:.2f} GiB → about 1/L of them")
     if t.micro_batch_size > 1:

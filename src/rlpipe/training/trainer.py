@@ -469,10 +469,12 @@ class PolicyTrainer:
             # ZeRO 0: the trainer clips with the norm it computes anyway (_step); DeepSpeed's own clipping would
             # compute it a second time and all-reduce it, even on one rank. ZeRO 1/2 clip in DeepSpeed's optimizer.
             "gradient_clipping": grad_clip if self.cfg.zero_stage > 0 else 0.0,
-            "zero_optimization": {"stage": self.cfg.zero_stage},
+            "zero_optimization": self._zero_config(),
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
+        if self.cfg.offload_optimizer:  # torch's AdamW on the CPU partitions (DeepSpeedCPUAdam would compile an op)
+            ds_config["zero_force_ds_cpu_optimizer"] = False
         if self.cfg.precision == "bf16":
             # DeepSpeed turns an outer torch.autocast off inside its engine's forward unless this section asks for it
             # (seen on CUDA: the forward ran in float32). No lower-precision modules: gradients reduce in float32.
@@ -485,6 +487,12 @@ class PolicyTrainer:
             # copy back every gradient after each backward (7 ms of the demo's 200 ms step).
             engine.enable_backward_allreduce = False
         return engine
+
+    def _zero_config(self) -> dict[str, Any]:
+        zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
+        if self.cfg.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        return zero
 
     def _build_critic(self) -> Any:
         """The policy's trunk with a scalar head (HF token classification, 1 label, no dropout)."""
@@ -758,7 +766,7 @@ class PolicyTrainer:
                                  self.cfg.share_prompts).to(self.device)
                 loss, stats = self._micro_loss(micro, agg, prep.beta, measure)
             else:  # an empty slot still takes part in the collective step
-                loss, stats = sum(p.sum() for p in self.engine.module.parameters()) * 0.0, {}
+                loss, stats = self._idle_loss(self.engine), {}
             finite["policy"] &= bool(torch.isfinite(loss.detach()))
             self.engine.backward(loss)
             finite["policy"] = self._step(self.engine, self.cfg.grad_clip, boundary, finite["policy"], norms["policy"])
@@ -767,7 +775,7 @@ class PolicyTrainer:
                     vloss, vstats = self._critic_loss(micro, critic_agg)
                     stats |= vstats
                 else:
-                    vloss = sum(p.sum() for p in self.critic.module.parameters()) * 0.0
+                    vloss = self._idle_loss(self.critic)
                 finite["critic"] &= bool(torch.isfinite(vloss.detach()))
                 self.critic.backward(vloss)
                 finite["critic"] = self._step(self.critic, self.cfg.critic.grad_clip, boundary, finite["critic"], norms["critic"])
@@ -777,6 +785,16 @@ class PolicyTrainer:
             collected = {k: v for k, v in collected.items() if k.startswith("mm_")}  # tells why it was skipped
         _merge_stats(sums, collected)
         return ok
+
+    def _idle_loss(self, engine: Any) -> torch.Tensor:
+        """A zero loss for a rank with nothing in this micro-batch slot, so that it still joins the step's
+        collectives. Under ZeRO-3 it runs a one-token forward: the other ranks' forward gathers each layer's
+        weights from every rank."""
+        if self.cfg.zero_stage < 3:
+            return sum(p.sum() for p in engine.module.parameters()) * 0.0
+        ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
+        with self._autocast():
+            return engine(input_ids=ids).logits.float().sum() * 0.0
 
     def _warm_up(self, engine: Any, base_lr: float) -> None:
         """Set the learning rate of the engine's next optimizer step: ``base_lr × min(1, k/N)`` for the k-th
@@ -889,6 +907,8 @@ class PolicyTrainer:
         """HF weights + tokenizer (rank 0); returns the sha256 of the saved safetensors (``weights_sha256``).
         ``spare``: an earlier save point no longer needed, whose safetensors files are written over."""
         folder = Path(folder)
+        # ZeRO-3: each rank holds 1/N of every weight; all ranks gather them layer by layer onto rank 0.
+        gathered = self.engine._zero3_consolidated_16bit_state_dict() if self.cfg.zero_stage == 3 else None
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
             with RecyclingSafetensors(folder, Spare.of(spare)) as files:
@@ -896,7 +916,7 @@ class PolicyTrainer:
                     self.engine.module.get_base_model().save_pretrained(
                         folder, state_dict=merged_state_dict(self.engine.module), safe_serialization=True)
                 else:
-                    self.engine.module.save_pretrained(folder, safe_serialization=True)
+                    self.engine.module.save_pretrained(folder, state_dict=gathered, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
             digest = files.digest() or file_weights_sha256(folder)
         else:
