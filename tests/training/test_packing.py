@@ -149,3 +149,15 @@ def test_a_micro_batch_moves_whole_to_the_engines_device(monkeypatch):
                moved.packed.input_ids, moved.packed.position_ids, moved.packed.src, moved.packed.dst]
     assert len(tensors) == 10 and all(t.device.type == "meta" for t in tensors)
     assert moved.packed.src.shape == micro.packed.src.shape and moved.tok["advantages"].shape == (3, 4)
+
+
+def test_token_bins_by_hand():
+    """First fit, longest first: packed bins cost the sum of lengths, padded ones rows × the longest; a sequence
+    over the budget is a bin alone."""
+    from rlpipe.training.trainer import token_bins
+
+    lengths, ids = [5, 9, 3, 4, 12, 2], ["a", "b", "c", "d", "e", "f"]
+    assert token_bins(lengths, ids, 12, packed=True) == [["e"], ["b", "c"], ["a", "d", "f"]]
+    # padded: b,a → 2×9 > 12, so a opens a bin; d joins a (2×5 ≤ 12); c: 3×5 > 12 → new bin with f
+    assert token_bins(lengths, ids, 12, packed=False) == [["e"], ["b"], ["a", "d"], ["c", "f"]]
+    assert token_bins([20, 3], ["x", "y"], 10, packed=True) == [["x"], ["y"]]

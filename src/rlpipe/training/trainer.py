@@ -339,6 +339,23 @@ class _Prepared:
     measure_mismatch: bool = False  # no full pass before the first step: the first step's forward measures it
 
 
+def token_bins(lengths: Sequence[int], ids: Sequence[int], budget: int, packed: bool) -> list[list[int]]:
+    """``ids`` cut into bins of at most ``budget`` tokens, first fit, longest first. A bin costs the sum of its
+    lengths when packed, its rows × its longest when padded; a sequence over the budget is a bin alone."""
+    bins: list[list[int]] = []
+    cost: list[tuple[int, int]] = []  # (tokens, longest) per bin
+    for n, i in sorted(zip(lengths, ids), key=lambda t: -t[0]):
+        for b, (tok, top) in enumerate(cost):
+            if (tok + n if packed else (len(bins[b]) + 1) * max(top, n)) <= budget:
+                bins[b].append(i)
+                cost[b] = (tok + n, max(top, n))
+                break
+        else:
+            bins.append([i])
+            cost.append((n, n))
+    return bins
+
+
 def _merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
     for key, v in stats.items():
         if key in _MAX_KEYS:  # NaN stays NaN (max(-inf, nan) would drop it)
@@ -368,7 +385,7 @@ def _aligned(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
 # count), *_tok are token-weighted (divided by the token count).
 _STAT_KEYS = ("pg_loss_sum", "kl_loss_sum", "entropy_loss_sum", "vf_loss_sum", "tokens", "critic_tokens",
               "clip_frac_tok", "approx_kl_old_tok", "entropy_tok", "vf_clip_frac_tok", "value_mse_tok", "ratio_tok",
-              "mm_tokens", "mm_abs_tok", "mm_above_tok", "mm_kl_tok")
+              "mm_tokens", "mm_abs_tok", "mm_above_tok", "mm_kl_tok", "micro_batches", "over_budget")
 # Reduced with max / min over micro-batches and ranks instead of summed.
 _MAX_KEYS = ("ratio_max", "mm_abs_max")
 _MIN_KEYS = ("ratio_min",)
@@ -556,12 +573,9 @@ class PolicyTrainer:
             self.critic.module.eval()
         if not out:  # nothing needs a pass before the first step (GRPO without KL, TIS or full mismatch pass)
             return out
-        step = self.cfg.micro_batch_size
-        # Forward passes over length-sorted chunks: each pads to its own longest sequence, not the batch's.
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
         found_at: dict[int, dict[str, list[float]]] = {}
-        for start in range(0, len(order), step):
-            chunk = [samples[i] for i in order[start : start + step]]
+        for part in self._chunks(samples):
+            chunk = [samples[i] for i in part]
             micro = _collate(chunk, {}, self.tokenizer.pad_token_id, pack=self.cfg.pack_sequences,
                              share=self.cfg.share_prompts).to(self.device)
             found = {"policy_logprobs": self._forward(micro, self.engine.module)[0]} if "policy_logprobs" in out else {}
@@ -569,7 +583,7 @@ class PolicyTrainer:
                 found["ref_logprobs"] = self._ref_logprobs(micro)
             if self.critic is not None:
                 found["values"] = self._values(micro, self.critic.module)
-            for row, (i, s) in enumerate(zip(order[start : start + step], chunk)):
+            for row, (i, s) in enumerate(zip(part, chunk)):
                 p, r = len(s.prompt_ids), len(s.response_ids)
                 found_at[i] = {key: t[row, p - 1 : p - 1 + r].tolist() for key, t in found.items()}
         for i in range(len(samples)):
@@ -578,6 +592,37 @@ class PolicyTrainer:
         return out
 
     @torch.no_grad()
+    def _chunks(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """The forward passes of a no-grad pass over all ``samples`` (every rank runs all of them): by token budget
+        (train.max_tokens_per_micro_batch), else length-sorted chunks of micro_batch_size, each padded to its own
+        longest sequence, not the batch's."""
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        if self.cfg.max_tokens_per_micro_batch:
+            return token_bins(lengths, list(range(len(samples))), self.cfg.max_tokens_per_micro_batch, self.cfg.pack_sequences)
+        order = sorted(range(len(samples)), key=lambda i: lengths[i])
+        step = self.cfg.micro_batch_size
+        return [order[start : start + step] for start in range(0, len(order), step)]
+
+    def _slots(self, valid: Sequence[Sample], idx: list[int]) -> list[list[list[int]]]:
+        """A mini-batch's micro-batches, per rank: ``[rank][k] -> sample indices`` (every rank the same count K,
+        an empty micro-batch where a rank has fewer). By count: GAS slots of micro_batch_size. By token budget:
+        the samples dealt to the ranks longest first (each to the rank with the fewest tokens), then each
+        rank's cut into bins of at most max_tokens_per_micro_batch tokens."""
+        if not self.cfg.max_tokens_per_micro_batch:
+            split = np.array_split(np.array(idx), self.gas * self.world)
+            return [[[int(i) for i in split[k * self.world + r]] for k in range(self.gas)] for r in range(self.world)]
+        length = {i: len(valid[i].prompt_ids) + len(valid[i].response_ids) for i in idx}
+        dealt: list[list[int]] = [[] for _ in range(self.world)]
+        load = [0] * self.world
+        for i in sorted(idx, key=lambda i: -length[i]):
+            r = load.index(min(load))
+            dealt[r].append(i)
+            load[r] += length[i]
+        bins = [token_bins([length[i] for i in d], d, self.cfg.max_tokens_per_micro_batch, self.cfg.pack_sequences)
+                for d in dealt]
+        k = max(len(b) for b in bins)
+        return [b + [[] for _ in range(k - len(b))] for b in bins]
+
     def sequence_logprobs(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
         """log π(c_t | prompt, c_<t) of each continuation token under the trainer's weights at temperature 1
         (the weight-sync probe compares these with the engine's)."""
@@ -753,12 +798,15 @@ class PolicyTrainer:
         n_seq = float(len(idx)) if self.parts["loss_agg_mode"] == "constant" else float(sum(1 for i in idx if sum(masks[i]) > 0))
         agg = LossAgg(self.parts["loss_agg_mode"], n_tok, n_seq, self.agg_constant)
         critic_agg = LossAgg("token_mean", float(sum(sum(valid[i].action_mask) for i in idx)))
-        slots = np.array_split(np.array(idx), self.gas * self.world)
+        mine = self._slots(valid, idx)[self.rank]
         finite = {"policy": True, "critic": True}
-        collected: dict[str, float] = {}
-        for k in range(self.gas):
-            slot = [int(i) for i in slots[k * self.world + self.rank]]
-            boundary = k == self.gas - 1
+        collected: dict[str, float] = {"micro_batches": float(len(mine))} if self.rank == 0 else {}
+        budget = self.cfg.max_tokens_per_micro_batch
+        for k, slot in enumerate(mine):
+            boundary = k == len(mine) - 1
+            self._set_boundary(boundary)
+            if budget and len(slot) == 1 and len(valid[slot[0]].prompt_ids) + len(valid[slot[0]].response_ids) > budget:
+                collected["over_budget"] = collected.get("over_budget", 0.0) + 1.0
             micro = None
             if slot:
                 micro = _collate([valid[i] for i in slot], {key: [rows[i] for i in slot] for key, rows in prep.per_token.items()},
@@ -785,6 +833,14 @@ class PolicyTrainer:
             collected = {k: v for k, v in collected.items() if k.startswith("mm_")}  # tells why it was skipped
         _merge_stats(sums, collected)
         return ok
+
+    def _set_boundary(self, boundary: bool) -> None:
+        """Token-budget micro-batches vary in number: tell DeepSpeed which backward ends the accumulation (its
+        own count assumes GAS of them). By count, DeepSpeed's count is right and is left alone."""
+        if self.cfg.max_tokens_per_micro_batch:
+            for engine in (self.engine, self.critic):
+                if engine is not None:
+                    engine.set_gradient_accumulation_boundary(boundary)
 
     def _idle_loss(self, engine: Any) -> torch.Tensor:
         """A zero loss for a rank with nothing in this micro-batch slot, so that it still joins the step's
@@ -845,7 +901,9 @@ class PolicyTrainer:
         done = steps - skipped
         out: dict[str, float] = {"optimizer_steps": done, "nonfinite_steps": skipped, "kl_coef": prep.beta,
                                  "lr": float(self.engine.optimizer.param_groups[0]["lr"]),
-                                 "tokens": sums.get("tokens", 0.0)}
+                                 "tokens": sums.get("tokens", 0.0), "micro_batches": sums.get("micro_batches", 0.0)}
+        if self.cfg.max_tokens_per_micro_batch:
+            out["micro/over_budget"] = sums.get("over_budget", 0.0)
         if n := sums.get("mm_tokens", 0.0):  # measured in the first optimizer step (see _micro_loss)
             out |= {"mismatch/abs_mean": sums["mm_abs_tok"] / n, "mismatch/abs_max": sums.get("mm_abs_max", 0.0),
                     "mismatch/share_above": sums["mm_above_tok"] / n, "mismatch/kl": sums["mm_kl_tok"] / n,
