@@ -71,8 +71,15 @@ def train_sft_task(config: RunConfig, dataset: dict[str, Any], run_id: str, mlfl
     ver = config.sft.eval_verifier
     before = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     logger.info("model %s (%d parameters): held-out accuracy before SFT %.3f", source, params, before["accuracy"])
-    result = train_sft(model, tok, train, config.sft, seed=config.seed, log=log,
-                       eval_fn=(lambda m: evaluate_accuracy(m, tok, probe, max_new, verifier=ver)) if probe else None)
+    if config.sft.nproc > 1:
+        from rlpipe.training.sft import encode_row
+        from rlpipe.training.sft_ranks import train_sft_ranks
+
+        result = train_sft_ranks(model, tok, [encode_row(tok, r) for r in train], config.sft, config.seed, log, probe,
+                                 max_new, ver)
+    else:
+        result = train_sft(model, tok, train, config.sft, seed=config.seed, log=log,
+                           eval_fn=(lambda m: evaluate_accuracy(m, tok, probe, max_new, verifier=ver)) if probe else None)
     after = evaluate_accuracy(model, tok, test, max_new, verifier=ver)
     val_after = evaluate_accuracy(model, tok, validation, max_new, verifier=ver)["accuracy"] if validation else None
     return _finish(config, store, run_id, dataset, model, tok, result, before, after, val_after, params, tracker, mlflow_run_id)

@@ -472,9 +472,10 @@ def rm_train_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotate
 
 
 @app.command("sft")
-def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None) -> None:
+def sft_cmd(config: ConfigArg = None, set_: SetOpt = None, run_id: Annotated[Optional[str], typer.Option()] = None,
+            nproc: Annotated[Optional[int], typer.Option(help="Data-parallel DeepSpeed ranks (sets sft.nproc).")] = None) -> None:
     """Supervised warm-up of the policy; registers it as `base`. Prints summary.json's path last."""
-    cfg = _load(config, set_)
+    cfg = _load(config, (set_ or []) + ([f"sft.nproc={nproc}"] if nproc is not None else []))
     summary = _run_sft(cfg, run_id)
     typer.echo(summary["_path"])
 

@@ -116,6 +116,17 @@ class SFTConfig(_Strict):
         "fp32", description="bf16: the forward and backward under bfloat16 autocast; weights and AdamW state float32."
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    pack_sequences: bool = Field(
+        False, description="Each micro-batch's examples end to end in rows (position ids restart at each example, as "
+        "train.pack_sequences): no compute on padding when lengths differ. The model is checked at start to keep "
+        "packed examples apart."
+    )
+    zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage of the SFT engine (0, 1 or 2), as train.zero_stage.")
+    nproc: int = Field(
+        1, ge=1, description="Data-parallel DeepSpeed ranks on this machine (`rlpipe sft --nproc N`): each rank takes "
+        "every N-th example of a step's batch, the gradients are reduced before the step; the validation checks run "
+        "on rank 0. One process per GPU where there are GPUs."
+    )
     eval_every: int = Field(20, ge=1, description="Steps between validation accuracy checks (greedy).")
     eval_size: int | None = Field(
         None, ge=1, description="Validation questions per periodic check; default: the whole validation split."
@@ -135,6 +146,8 @@ class SFTConfig(_Strict):
     def _micro_divides(self) -> "SFTConfig":
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
             raise ValueError(f"@micro_batch_size@{self.micro_batch_size} does not divide sft.batch_size {self.batch_size}")
+        if self.batch_size % self.nproc:
+            raise ValueError(f"@nproc@{self.nproc} ranks do not divide sft.batch_size {self.batch_size}")
         return self
 
 
@@ -856,6 +869,8 @@ class RunConfig(_Strict):
                 raise ValueError("@task.dataset@an agent run draws its tasks from the environment: use builtin:episodes")
             if self.rollout.dynamic_sampling:
                 raise ValueError("@rollout.dynamic_sampling@not supported with agent: yet; set it to false")
+            if self.sft.nproc > 1:  # its validation runs episodes on the caller's engine, not on a rank
+                raise ValueError("@sft.nproc@agent SFT on expert traces runs in one process; set sft.nproc: 1")
             if self.agent.step_rewards and self.train.resolved()["advantage"] not in TOKEN_LEVEL_ADVANTAGES:
                 raise ValueError(f"@agent.step_rewards@the {self.train.resolved()['advantage']!r} estimator sees only the episode's "
                                  f"total reward; per-step credit needs one of {', '.join(sorted(TOKEN_LEVEL_ADVANTAGES))} "

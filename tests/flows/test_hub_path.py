@@ -63,8 +63,11 @@ def _sets(arch, data, *extra):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_sft_grpo_ppo_on_both_engines_and_register(prefect_harness, standins, chat_data, arch):
-    sft = _invoke(["sft", "configs/sft-arithmetic.yaml", *_sets(arch, chat_data, f"task.policy_model={standins[arch]}",
+    # The Llama stand-in's SFT on two DeepSpeed ranks (`--nproc 2`), packed; the Qwen2 one's in the flow's process.
+    ranks = ["--nproc", "2", "--set", "sft.pack_sequences=true"] if arch == "llama" else []
+    sft = _invoke(["sft", "configs/sft-arithmetic.yaml", *ranks, *_sets(arch, chat_data, f"task.policy_model={standins[arch]}",
                    "sft.steps=20", "sft.batch_size=16", "sft.eval_every=20", "sft.stop_at_accuracy=null")])
+    assert sft["sft_steps"] == 20
     base = f"models:/{sft['registered_model']['name']}@base"
     grpo = _invoke(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-grpo-{arch}",
                     *_sets(arch, chat_data, f"task.policy_model={base}", "rollout.engine=vllm", "train.kl_coef=0.01",

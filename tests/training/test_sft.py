@@ -136,6 +136,68 @@ def test_accumulated_micro_batches_give_the_one_pass_update(extra):
         assert torch.allclose(p, q, atol=1e-5), name
 
 
+def _chat_examples(tok, n=12):
+    import json
+
+    from rlpipe.training.sft import encode_row
+
+    rows = [{"prompt": json.dumps([{"role": "user", "content": f"{a}+{b}=?" + "请" * (a % 5)}]), "chat": True,
+             "solution": f"{a + b}", "ground_truth": str(a + b)} for a, b in [(i * 7 % 90, i * 13 % 50) for i in range(n)]]
+    return [encode_row(tok, r) for r in rows]
+
+
+def test_packed_sft_and_bf16_on_a_hub_checkpoint(standins):
+    """On the llama stand-in (fp16 weights, no pad token): packed micro-batches give the padded update;
+    bf16 autocast trains (float32 master weights) to nearly the same loss."""
+    from transformers import AutoModelForCausalLM
+
+    from rlpipe.tokens import load_tokenizer
+    from rlpipe.training.sft import train_sft_examples
+
+    torch.set_num_threads(1)
+    tok = load_tokenizer(standins["llama"])
+    examples = _chat_examples(tok)
+    base = SFTConfig(steps=2, batch_size=12, micro_batch_size=6, lr=1e-3, warmup_steps=0, stop_at_accuracy=None)
+    runs = {}
+    for name, extra in {"padded": {}, "packed": {"pack_sequences": True}, "bf16": {"precision": "bf16"}}.items():
+        model = AutoModelForCausalLM.from_pretrained(standins["llama"], dtype=torch.float32)
+        runs[name] = (model, train_sft_examples(model, tok, examples, base.model_copy(update=extra), seed=0))
+    (pm, pr), (km, kr), (bm, br) = runs["padded"], runs["packed"], runs["bf16"]
+    assert kr.history[0]["loss"] == pytest.approx(pr.history[0]["loss"], rel=1e-5)
+    gap = max(float((p - q).abs().max()) for p, q in zip(pm.parameters(), km.parameters()))
+    assert gap < 5e-5  # two Adam steps of 1e-3 each: rounding, which Adam magnifies on tiny gradients (1.1e-5 seen)
+    assert kr.history[1]["loss"] == pytest.approx(pr.history[1]["loss"], rel=1e-4)
+    assert next(bm.parameters()).dtype == torch.float32
+    assert br.history[0]["loss"] == pytest.approx(pr.history[0]["loss"], rel=2e-2)
+
+
+def test_sft_on_two_ranks_gives_the_one_rank_update(standins):
+    """sft.nproc 2 (two DeepSpeed ranks, each every other example of the batch): the weights of one rank, up to
+    float rounding; rank 0's logged points reach the caller's log."""
+    from transformers import AutoModelForCausalLM
+
+    from rlpipe.tokens import load_tokenizer
+    from rlpipe.training.sft import train_sft_examples
+    from rlpipe.training.sft_ranks import train_sft_ranks
+
+    torch.set_num_threads(1)
+    tok = load_tokenizer(standins["qwen2"])
+    examples = _chat_examples(tok)
+    cfg = SFTConfig(steps=10, batch_size=12, micro_batch_size=3, lr=1e-3, warmup_steps=2, stop_at_accuracy=None)
+    one = AutoModelForCausalLM.from_pretrained(standins["qwen2"], dtype=torch.float32)
+    a = train_sft_examples(one, tok, examples, cfg, seed=0)
+    two = AutoModelForCausalLM.from_pretrained(standins["qwen2"], dtype=torch.float32)
+    points = []
+    b = train_sft_ranks(two, tok, examples, cfg.model_copy(update={"nproc": 2}), seed=0,
+                        log=lambda step, m: points.append((step, m)))
+    assert [p["loss"] for p in b.history] == pytest.approx([p["loss"] for p in a.history], rel=1e-5)
+    assert points and points[-1][0] == 10 and points[-1][1]["loss"] == pytest.approx(a.history[-1]["loss"], rel=1e-5)
+    moved = max(float((p - q).abs().max()) for p, q in zip(one.parameters(), AutoModelForCausalLM.from_pretrained(standins["qwen2"]).parameters()))
+    assert moved > 1e-3
+    for (name, p), (_, q) in zip(one.named_parameters(), two.named_parameters()):
+        assert torch.allclose(p, q, atol=2e-5), name
+
+
 def test_micro_batch_must_divide_the_batch():
     with pytest.raises(ValueError, match="does not divide sft.batch_size 8"):
         SFTConfig(batch_size=8, micro_batch_size=3)

@@ -116,22 +116,71 @@ def evaluate_accuracy(
     return {"accuracy": correct / max(len(rows), 1), "n": len(rows), "not_ok": sum(v.status != "ok" for v in results)}
 
 
-def accumulate(model: torch.nn.Module, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, cfg: SFTConfig,
-               device: torch.device) -> dict[str, float]:
-    """Backward of one step's batch in micro-batches of ``cfg.micro_batch_size``: each micro-batch's summed token
-    loss over the whole batch's response tokens, so the accumulated gradient is the one-pass gradient of the
-    batch's mean loss (not the mean of micro-batch means, which weights short micro-batches up)."""
-    size = cfg.micro_batch_size or len(batch)
+def _micro_loss(model: Any, micro: Sequence[tuple[list[int], list[int]]], pad_id: int, pack: bool,
+                device: torch.device, bf16: bool) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy of a micro-batch's labelled positions and their count; ``pack``: the
+    examples end to end in rows (position ids restart at each; the trainer's packed layout), no padding."""
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        if not pack:
+            batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+            picked, targets = logits.reshape(-1, logits.size(-1)), batch["labels"][:, 1:].reshape(-1)
+        else:
+            from rlpipe.training.trainer import _pack
+
+            width = max(len(ids) for ids, _ in micro)
+            p = _pack([ids for ids, _ in micro], width, pad_id).to(device)
+            logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
+            labels = collate(micro, pad_id)["labels"][:, 1:].reshape(-1).to(device)
+            picked, targets = logits.reshape(-1, logits.size(-1))[p.src], labels[p.dst]
+    n = int((targets != IGNORE).sum())
+    if n == 0:
+        return logits.sum() * 0.0, 0
+    return F.cross_entropy(picked.float(), targets, ignore_index=IGNORE, reduction="sum"), n
+
+
+def accumulate(engine: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, cfg: SFTConfig,
+               device: torch.device, rank: int = 0, world: int = 1) -> dict[str, float]:
+    """Backward of this rank's share of one step's batch (every world-th example) in micro-batches of
+    ``cfg.micro_batch_size``: each micro-batch's summed token loss over the whole batch's response tokens, so the
+    accumulated gradient, summed over ranks, is the one-pass gradient of the batch's mean loss (not the mean of
+    micro-batch means, which weights short micro-batches up). DeepSpeed averages over ranks: the loss is scaled
+    by ``world`` to undo it. The last micro-batch is the accumulation boundary (the reduction)."""
     total = sum(sum(1 for lab in labels[1:] if lab != IGNORE) for _, labels in batch)
+    mine = list(batch[rank::world])
+    size = cfg.micro_batch_size or len(batch)
+    micros = [mine[i : i + size] for i in range(0, len(mine), size)] or [[]]
     loss_sum = 0.0
-    for start in range(0, len(batch), size):
-        micro = {k: v.to(device) for k, v in collate(batch[start : start + size], pad_id).items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            logits = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"]).logits
-        loss, m = sft_loss(logits, micro["labels"])
-        (loss * m["tokens"] / max(total, 1)).backward()
-        loss_sum += m["loss"] * m["tokens"]
+    for k, micro in enumerate(micros):
+        engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
+        if micro:
+            loss, n = _micro_loss(engine, micro, pad_id, cfg.pack_sequences, device, cfg.precision == "bf16")
+        else:  # a rank with no example this step still joins the reduction
+            loss, n = sum(p.sum() for p in engine.module.parameters()) * 0.0, 0
+        engine.backward(loss * world / max(total, 1))
+        if k < len(micros) - 1:
+            engine.step()  # not a boundary: DeepSpeed counts the micro-step, the optimizer does not move
+        loss_sum += float(loss.detach())
     return {"loss": loss_sum / max(total, 1), "tokens": total}
+
+
+def _sft_engine(model: torch.nn.Module, cfg: SFTConfig, world: int) -> Any:
+    """The RL trainer's machinery: a DeepSpeed engine over torch's AdamW (fused), ZeRO ``cfg.zero_stage``,
+    bf16 autocast under ``precision: bf16``, DeepSpeed's gradient clipping at 1.0."""
+    import deepspeed
+
+    if cfg.batch_size % world:
+        raise ValueError(f"sft.batch_size ({cfg.batch_size}) must be a multiple of the ranks ({world})")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=True)
+    ds = {"train_batch_size": cfg.batch_size, "train_micro_batch_size_per_gpu": cfg.batch_size // world,
+          "gradient_accumulation_steps": 1, "gradient_clipping": 1.0, "zero_optimization": {"stage": cfg.zero_stage},
+          "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    if cfg.precision == "bf16":
+        ds["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+    if world == 1 and cfg.zero_stage == 0:
+        engine.enable_backward_allreduce = False  # nothing to reduce
+    return engine
 
 
 @dataclass
@@ -179,15 +228,19 @@ def train_sft_examples(
     """:func:`train_sft` on encoded ``(input_ids, labels)`` examples (labels ``IGNORE`` where no loss)."""
     if not examples:
         raise ValueError("SFT needs at least one example")
+    from rlpipe.training.trainer import check_packing, init_distributed
+
+    rank, world = init_distributed()
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the trainer's rule: a GPU when present
-    model.to(device).train()
+    model.train()
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    if cfg.pack_sequences:
+        check_packing(model, "sft.pack_sequences")
+    engine = _sft_engine(model, cfg, world)
+    device = torch.device(engine.device)  # the trainer's rule: the rank's GPU when present
     order: list[int] = []
     result = SFTResult(steps=0, final_loss=math.nan, wall_s=0.0)
     start = time.perf_counter()
@@ -198,26 +251,48 @@ def train_sft_examples(
             rng.shuffle(epoch)
             order += epoch
         idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        opt.zero_grad(set_to_none=True)
-        metrics = accumulate(model, [examples[i] for i in idx], tokenizer.pad_token_id, cfg, device)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        opt.step()
-        sched.step()
+        for group in engine.optimizer.param_groups:  # linear warm-up, then constant
+            group["lr"] = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
+        metrics = accumulate(engine, [examples[i] for i in idx], tokenizer.pad_token_id, cfg, device, rank, world)
+        engine.step()
+        metrics["loss"] = _all_sum(metrics["loss"], world, device)
         ema = metrics["loss"] if ema is None else 0.9 * ema + 0.1 * metrics["loss"]
-        point = {"step": step, "loss": metrics["loss"], "loss_ema": ema, "grad_norm": grad_norm, "lr": sched.get_last_lr()[0]}
+        point = {"step": step, "loss": metrics["loss"], "loss_ema": ema,
+                 "grad_norm": float(engine.get_global_grad_norm() or 0.0), "lr": engine.optimizer.param_groups[0]["lr"]}
         result.history.append(point)
         result.steps, result.final_loss = step, ema
-        if log and (step % 10 == 0 or step == cfg.steps):
+        if log and rank == 0 and (step % 10 == 0 or step == cfg.steps):
             log(step, {k: v for k, v in point.items() if k != "step"})
-        if eval_fn and (step % cfg.eval_every == 0 or step == cfg.steps):
-            ev = eval_fn(model) | {"step": step}
-            result.evals.append(ev)
-            if log:
-                extra = {f"validation_{k}": ev[k] for k in ("mean_steps", "tool_calls_per_episode") if k in ev}  # episodes
-                log(step, {"validation_accuracy": ev["accuracy"], **extra})
-            if cfg.stop_at_accuracy is not None and ev["accuracy"] >= cfg.stop_at_accuracy:
-                result.stopped_early = True
-                break
+        if eval_fn and (step % cfg.eval_every == 0 or step == cfg.steps) and _evaluate(eval_fn, model, cfg, result, step, log, rank, world, device):
+            break
     result.wall_s = time.perf_counter() - start
     model.eval()
     return result
+
+
+def _all_sum(x: float, world: int, device: torch.device) -> float:
+    if world == 1:
+        return x
+    import torch.distributed as dist
+
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def _evaluate(eval_fn: Callable[[torch.nn.Module], dict[str, float]], model: Any, cfg: SFTConfig, result: SFTResult,
+              step: int, log: Callable[[int, dict[str, float]], None] | None, rank: int, world: int, device: torch.device) -> bool:
+    """A periodic validation check on rank 0 (every rank holds the whole model below ZeRO-3); whether to stop,
+    the same answer on every rank."""
+    stop = 0.0
+    if rank == 0:
+        ev = eval_fn(model) | {"step": step}
+        result.evals.append(ev)
+        if log:
+            extra = {f"validation_{k}": ev[k] for k in ("mean_steps", "tool_calls_per_episode") if k in ev}  # episodes
+            log(step, {"validation_accuracy": ev["accuracy"], **extra})
+        stop = float(cfg.stop_at_accuracy is not None and ev["accuracy"] >= cfg.stop_at_accuracy)
+        model.train()
+    stop = _all_sum(stop, world, device)
+    result.stopped_early = stop > 0
+    return result.stopped_early
