@@ -205,7 +205,8 @@ def test_reward_options_reach_the_verifiers_and_the_floor_is_parsed():
 @pytest.mark.parametrize("override,path,words", [
     ("rollout.top_p=0.9", "rollout.top_p", "use 1.0"),
     ("rollout.temperature=0", "rollout.temperature", "temperature > 0"),
-    ("train.zero_stage=3", "train.zero_stage", "ZeRO stage 3 is refused"),
+    ("train.offload_optimizer=true", "train.offload_optimizer", "needs ZeRO"),
+    ("sft.nproc=3", "sft.nproc", "3 ranks do not divide sft.batch_size 64"),
     ("train.tis_cap=0", "train.tis_cap", "greater than 0"),
 ])
 def test_settings_the_trainer_cannot_honour_are_refused(override, path, words):
