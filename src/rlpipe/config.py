@@ -586,6 +586,11 @@ class RewardModelConfig(_Strict):
     micro_batch_size: int = Field(64, ge=1, description="Pairs per forward/backward per rank.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm.")
     zero_stage: int = Field(0, ge=0, le=2, description="DeepSpeed ZeRO stage (0, 1 or 2).")
+    lora: LoraConfig | None = Field(
+        None, description="Train LoRA adapters on the trunk (peft) and the scalar head in full, instead of every "
+        "weight. The saved reward model is a plain HF folder of the merged weights (what the scorer and the reward "
+        "service load), with the adapter beside it in adapter/. null: every weight."
+    )
     eval_every: int = Field(25, ge=1, description="Steps between validation pair-accuracy checks.")
     patience: int = Field(6, ge=1, description="Stop after this many checks without a better validation pair accuracy.")
     registered_model: str | None = Field(None, description="Registry name; default 'rlpipe-<task.name>-rm'.")

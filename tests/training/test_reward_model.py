@@ -83,3 +83,43 @@ def test_reward_model_on_a_hub_checkpoint_reads_chat_as_its_template_writes_it(s
     scorer = RewardScorer(tmp_path / "rm", version="t")
     good, bad = scorer.score_texts([(rows[190]["prompt"], rows[190]["chosen"], True), (rows[190]["prompt"], "不知道", True)])
     assert good > bad
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_reward_model_with_lora_trains_adapters_and_head_and_saves_merged(standins, arch, tmp_path):
+    """rm.lora: only the adapters and the new scalar head train; the trunk's weights stay; the saved folder is a
+    plain HF reward model of the merged weights (the scorer scores as the trained module does), adapter beside."""
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from rlpipe.config import RewardModelConfig
+    from rlpipe.training.reward_model import RewardModelTrainer, RewardScorer, encode_pairs, score_all
+
+    torch.manual_seed(0)
+    rows = [{"prompt": _json.dumps([{"role": "user", "content": f"{a}+{b}"}]), "chat": True, "chosen": str(a + b),
+             "rejected": "no idea", "margin": None} for a in range(10, 30) for b in range(10, 18)]
+    cfg = RewardModelConfig(steps=20, lr=3e-3, batch_size=16, micro_batch_size=8, eval_every=10, patience=3,
+                            lora={"r": 8, "alpha": 16})
+    trainer = RewardModelTrainer(standins[arch], cfg, seed=0)
+    trainable = {n for n, p in trainer.module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n or ".modules_to_save." in n for n in trainable)
+    assert sum(p.numel() for n, p in trainer.module.named_parameters() if n in trainable) < 0.1 * sum(
+        p.numel() for p in trainer.module.parameters())
+    pairs = encode_pairs(trainer.tokenizer, rows)
+    trainer.train(pairs[:128], pairs[128:144])
+    assert trainer.evaluate(pairs[144:])["pair_accuracy"] >= 0.9
+    trainer.save(tmp_path / "rm", trainer.reward_stats(pairs[:128]))
+    assert (tmp_path / "rm" / "adapter" / "adapter_config.json").exists()
+    assert not any("lora" in k for k in load_file(tmp_path / "rm" / "model.safetensors"))
+    scorer = RewardScorer(tmp_path / "rm", version="t")
+    seqs = [p.chosen for p in pairs[144:]]
+    assert scorer.score_ids(seqs) == pytest.approx(score_all(trainer.module, seqs, trainer.tokenizer.pad_token_id), abs=1e-4)
+
+
+def test_reward_model_lora_target_that_matches_nothing_is_refused(standins):
+    from rlpipe.config import RewardModelConfig
+    from rlpipe.training.reward_model import RewardModelTrainer
+
+    with pytest.raises(ValueError, match=r"rm.lora.target_modules: \['qkv'\] match no linear module"):
+        RewardModelTrainer(standins["qwen2"], RewardModelConfig(lora={"r": 4, "target_modules": ["qkv"]}))

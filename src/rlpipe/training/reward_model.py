@@ -25,7 +25,7 @@ import torch
 from rlpipe.algorithms.preference import preference_loss
 from rlpipe.config import RewardModelConfig
 from rlpipe.tokens import encode_chat_turn, encode_prompt, load_tokenizer
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.training.checkpoint import ADAPTER, file_weights_sha256
 
 __all__ = ["REWARD_STATS", "RewardModelTrainer", "RewardScorer", "RMTrainResult", "encode_response", "pair_accuracy"]
 
@@ -98,6 +98,21 @@ class RMTrainResult:
     evals: list[dict[str, float]] = field(default_factory=list)
 
 
+def with_head_lora(model: Any, cfg: Any) -> Any:
+    """A scalar-head model (``*ForTokenClassification``) with LoRA adapters on its trunk per ``cfg`` (a target that
+    matches nothing is refused, as for the policy) and its new head trained in full (peft's modules_to_save)."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlpipe.training.trainer import lora_targets
+
+    head = [n for n, m in model.named_children() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
+    if len(head) != 1:
+        raise ValueError(f"rm.lora: no single scalar head among the model's top modules {[n for n, _ in model.named_children()]}")
+    peft_cfg = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none", modules_to_save=head,
+                          target_modules=lora_targets(model, cfg.target_modules, exclude=head[0], key="rm.lora"))
+    return get_peft_model(model, peft_cfg)
+
+
 class RewardModelTrainer:
     """A DeepSpeed engine around the reward model; :meth:`train` runs the whole fit with early stopping."""
 
@@ -118,6 +133,8 @@ class RewardModelTrainer:
         torch.manual_seed(seed + 29)  # the new head: the same start on every rank and rerun
         model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=torch.float32)
         torch.manual_seed(seed)
+        if cfg.lora:
+            model = with_head_lora(model, cfg.lora)
         self.tokenizer = load_tokenizer(model_dir)
         self.engine = self._engine(model)
         self.loss_fn = preference_loss(cfg.loss)
@@ -125,7 +142,8 @@ class RewardModelTrainer:
     def _engine(self, model: Any) -> Any:
         import deepspeed
 
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=self.cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
         # Linear warm-up, then cosine decay to min_lr_ratio × lr at the last step (as OpenRLHF's RM recipe):
         # a constant rate leaves validation pair accuracy swinging by several points between checks.
         warm, total, floor = self.cfg.warmup_steps, self.cfg.steps, self.cfg.min_lr_ratio
@@ -226,7 +244,12 @@ class RewardModelTrainer:
         folder = Path(folder)
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            self.module.save_pretrained(folder, safe_serialization=True)
+            if self.cfg.lora:  # the adapter (and head) beside a plain HF folder of the merged weights
+                self.module.save_pretrained(folder / ADAPTER, safe_serialization=True)
+                merged = copy.deepcopy(self.module).merge_and_unload()
+                merged.save_pretrained(folder, safe_serialization=True)
+            else:
+                self.module.save_pretrained(folder, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
             (folder / REWARD_STATS).write_text(json.dumps(stats, indent=2, sort_keys=True))
         return file_weights_sha256(folder) if self.rank == 0 else ""

@@ -1044,17 +1044,26 @@ def with_lora(model: Any, cfg: Any, adapter_dir: Path | None = None) -> Any:
             raise FileNotFoundError(f"{adapter_dir} holds no LoRA adapter (adapter_config.json); was the save point "
                                     "written by a run without train.lora?")
         return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
-    targets = cfg.target_modules
-    if targets != "all-linear":
-        names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
-        if missing:
-            leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
-            raise ValueError(f"train.lora.target_modules: {missing} match no linear module of the model; its linear "
-                             f"layers are named {leaves} (or use 'all-linear')")
-    peft_cfg = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+    peft_cfg = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=lora_targets(model, cfg.target_modules),
                           bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, peft_cfg)
+
+
+def lora_targets(model: Any, targets: str | list[str], exclude: str | None = None, key: str = "train.lora") -> str | list[str]:
+    """``targets`` checked against the model's linear layers (a name that matches none is refused, with the
+    names there are). ``exclude``: a module kept out of 'all-linear' (a scalar head trained in full): the
+    linear layers' leaf names but its own."""
+    names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    if targets == "all-linear":
+        if exclude is None:
+            return targets
+        return sorted({n.rsplit(".", 1)[-1] for n in names if not (n == exclude or n.startswith(exclude + "."))})
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+        raise ValueError(f"{key}.target_modules: {missing} match no linear module of the model; its linear "
+                         f"layers are named {leaves} (or use 'all-linear')")
+    return targets
 
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
