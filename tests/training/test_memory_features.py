@@ -168,3 +168,31 @@ def test_zero3_with_lora_and_offload_without_zero_are_refused():
         TrainConfig(zero_stage=3, lora={"r": 4})
     with pytest.raises(ValueError, match="offload_optimizer needs ZeRO"):
         TrainConfig(offload_optimizer=True)
+
+
+@pytest.mark.parametrize("arch,dtype", [("qwen2", torch.bfloat16), ("llama", torch.float16)])
+def test_lora_under_bf16_keeps_the_base_in_16_bits_and_the_probe_in_float32(standins, arch, dtype, tmp_path):
+    """LoRA with precision bf16: the frozen base in the checkpoint's 16-bit dtype (no float32 master: nothing
+    optimizes it), adapters float32. The export is the float32 merge (base + B·A·α/r unrounded), and the trainer's
+    probe log-probs are the float32 forward of exactly those weights."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.dist_update import fixed_batch as batch
+
+    torch.set_num_threads(1)
+    t = _trainer(standins[arch], lora=LORA, precision="bf16")
+    frozen = [p for p in t.module.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == dtype for p in frozen)
+    assert all(p.dtype == torch.float32 for p in t.module.parameters() if p.requires_grad)
+    t.update(batch(16), 0)
+    t.export_weights(tmp_path / "merged")
+    assert all(p.dtype == dtype for p in frozen)  # the probe's float32 view is undone
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    assert next(merged.parameters()).dtype == torch.float32
+    prompts, conts = [[5, 9, 13, 21], [7, 3]], [[4, 8, 15], [16, 23, 42, 8]]
+    mine = t.sequence_logprobs(prompts, conts)
+    with torch.no_grad():
+        for p, c, lp in zip(prompts, conts, mine):
+            logits = merged(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
+            ref = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(c)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)

@@ -424,7 +424,7 @@ class PolicyTrainer:
         # LoRA: the base weights are the start model's, the adapter a save point's (its merged weights are the
         # engine's, not a base to put the adapter on again).
         src = self.model_dir if self.cfg.lora else (self.resume_dir or self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=self._base_dtype(src))
         self.tokenizer = load_tokenizer(self.resume_dir or self.model_dir)
         if self.cfg.pack_sequences:
             check_packing(model, src, self.cfg.share_prompts)
@@ -448,6 +448,16 @@ class PolicyTrainer:
         self.kl_ctl = kl_controller(self.cfg.kl_coef, self.cfg.kl_target, self.cfg.kl_horizon)
         if self.resume_dir:
             self._load_state(Path(self.resume_dir))
+
+    def _base_dtype(self, src: str) -> torch.dtype:
+        """float32, but LoRA under bf16 keeps the frozen base in the checkpoint's 16-bit dtype (bfloat16 for a
+        float32 checkpoint), as TRL and OpenRLHF load it: nothing optimizes those weights, so no float32 master
+        copy is needed, and the base takes half the memory. The adapters stay float32 (peft)."""
+        if not (self.cfg.lora and self.cfg.precision == "bf16"):
+            return torch.float32
+        saved = json.loads((Path(src) / "config.json").read_text())
+        named = saved.get("dtype") or saved.get("torch_dtype")
+        return torch.float16 if named == "float16" else torch.bfloat16
 
     def _reference(self) -> Any:
         """The frozen reference model. Under bf16 it is kept in the checkpoint's own dtype (a 16-bit checkpoint
@@ -630,7 +640,8 @@ class PolicyTrainer:
         was_training = self.engine.module.training
         self.engine.module.eval()
         micro = _collate(samples, {}, self.tokenizer.pad_token_id).to(self.device)
-        logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
+        with _float_weights(self.engine.module):  # a 16-bit LoRA base: in float32 for the probe's forward
+            logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
         lp = token_logprobs(logits, micro.targets, 1.0)
         self.engine.module.train(was_training)
         return [lp[i, len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.response_ids)].tolist() for i, s in enumerate(samples)]
@@ -1066,6 +1077,22 @@ def lora_targets(model: Any, targets: str | list[str], exclude: str | None = Non
     return targets
 
 
+@contextmanager
+def _float_weights(model: Any):
+    """The model's 16-bit parameters (a LoRA base kept in 16 bits) in float32 while the block runs, then back:
+    lossless both ways (every 16-bit value is a float32 one), so the forward inside is the float32 forward of
+    exactly the weights the trainer holds, which the merged float32 export gives the engine."""
+    low = [p for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)]
+    dtypes = [p.dtype for p in low]
+    for p in low:
+        p.data = p.data.float()
+    try:
+        yield
+    finally:
+        for p, dt in zip(low, dtypes):
+            p.data = p.data.to(dt)
+
+
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The weights a LoRA model computes with, under the base model's own names: each adapted layer's base
     weight plus its adapter's delta (peft's ``get_delta_weight``: B·A·alpha/r). What the engine is synced with
@@ -1083,9 +1110,12 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
         owner, _, leaf = key.rpartition(".base_layer.")
         if owner:
             key = f"{owner}.{leaf}"
-            if leaf == "weight" and owner in deltas:
-                value = value + deltas[owner].to(value.dtype)
+            if leaf == "weight" and owner in deltas:  # in float32: a 16-bit base would round the adapter's delta
+                value = value.float() + deltas[owner].float()
         out[key] = value.detach()
+    if any(v.dtype != torch.float32 for v in out.values()):  # a 16-bit base: the engine gets float32 throughout,
+        done: dict[int, torch.Tensor] = {}  # exactly the weights the trainer computes with (tied ones stay shared)
+        out = {k: done.setdefault(v.data_ptr(), v.float()) for k, v in out.items()}
     return out
 
 
