@@ -153,7 +153,7 @@ def _metrics(draws: list, u: dict[str, Any], s: dict[str, Any], ev: dict[str, An
         | {"time/iteration_s": wall, "time/overhead_s": overhead, "time/overhead_share": overhead / max(wall - stages["eval_s"], 1e-9),
            "time/save_s": u["save_s"],
            "sync/probe_max_abs_diff": s["probe_max_abs_diff"], "sync/probe_policy_change": s["probe_policy_change"],
-           "sync/readback_tensors": s["readback_tensors"],
+           "sync/readback_tensors": s["readback_tensors"], "sync/adapter_only": s.get("adapter_only", 0.0),
            "throughput/generate_tokens_per_s": r.get("generate_tokens_per_s", 0.0),
            "throughput/verify_per_s": v.get("verify_per_s", 0.0),
            "throughput/train_tokens_per_s": u["train_tokens_per_s"],

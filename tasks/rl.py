@@ -36,7 +36,7 @@ from rlpipe.storage.layout import stage_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 from rlpipe.storage.store import open_store
 from rlpipe.tokens import load_tokenizer, render_prompt, require_chat_template
-from rlpipe.training.checkpoint import file_weights_sha256, read_trainer_state
+from rlpipe.training.checkpoint import ADAPTER, file_weights_sha256, read_trainer_state
 from tasks._log import run_logger
 from tasks.stage import stage
 
@@ -113,14 +113,22 @@ def start_services(config: RunConfig, run_id: str, dataset: dict[str, Any], mode
     train, test = split_rows(config, rows, "train"), split_rows(config, rows, "test")
     start = time.perf_counter()
     policy_dir = resume_dir or model_dir
+    adapters = adapter_sync(config)
     if config.agent is None and any(r["chat"] for r in rows):  # before an engine starts, not at the first prompt
         require_chat_template(load_tokenizer(policy_dir), f"task.dataset {config.task.dataset} with task.policy_model "
                               f"{config.task.policy_model}")
     if _urls(config).rollout_urls:  # rollout replicas elsewhere: the start weights reach them through the store
         engine = _remote_engine(config, run_id, policy_dir)
+    elif adapters:  # the start model, with the save point's adapter on it when resuming
+        engine = get_engine("vllm", model_dir, max_model_len=context_length(config, rows, model_dir), seed=config.seed,
+                            lora_rank=config.train.lora.r, **engine_options(config.rollout))
+        if resume_dir:
+            engine.load_adapter(Path(resume_dir) / ADAPTER, file_weights_sha256(resume_dir))
     else:
         engine = get_engine(config.rollout.engine, policy_dir, max_model_len=context_length(config, rows, policy_dir),
                             seed=config.seed, **engine_options(config.rollout))
+    if config.train.lora:
+        log.info("LoRA weight sync: %s", "the adapter (vLLM LoRA)" if adapters else "the merged weights")
     engine_s = time.perf_counter() - start
     trainer = _trainer(config, run_id, model_dir, resume_dir)
     expected = file_weights_sha256(policy_dir)
@@ -159,6 +167,14 @@ def split_rows(config: RunConfig, rows: list[dict[str, Any]], split: str) -> lis
 
 def ground_truths(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {r["id"]: r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows}
+
+
+def adapter_sync(config: RunConfig) -> bool:
+    """Whether this run's syncs move only the LoRA adapter (rollout.lora_sync): train.lora on the in-process vLLM
+    engine with an in-process trainer; elsewhere the merged weights."""
+    urls = _urls(config)
+    return (config.train.lora is not None and config.rollout.lora_sync == "adapter" and config.rollout.engine == "vllm"
+            and not urls.rollout_urls and not urls.trainer_url)
 
 
 def context_length(config: RunConfig, rows: list[dict[str, Any]], model_dir: str | None = None) -> int:
@@ -616,7 +632,15 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
     the trainer's export, and the engine's log-probs on the probe batch the trainer's."""
     svc = services(run_id)
     start = time.perf_counter()
-    if update_ref.get("state_uri") and hasattr(svc.engine, "load_uri"):  # replicas read the trainer's own upload
+    if adapter_sync(config):  # only the adapter moves; its tensors must be the trainer's (hashed from memory)
+        folder = Path(update_ref["state_dir"])
+        want = read_trainer_state(folder)["adapter_sha256"]
+        got = svc.engine.load_adapter(folder / ADAPTER, update_ref["weights_sha256"])
+        if got != want:
+            raise WeightSyncError(f"iteration {iteration}: engine {svc.engine.name} read adapter {got[:12]}, the "
+                                  f"trainer saved {want[:12]}")
+        held = svc.engine.weights_sha256()
+    elif update_ref.get("state_uri") and hasattr(svc.engine, "load_uri"):  # replicas read the trainer's own upload
         held = svc.engine.load_uri(update_ref["state_uri"], update_ref["weights_sha256"])
     else:
         held = svc.engine.load_weights(update_ref["state_dir"])
@@ -628,8 +652,9 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
     proof = prove_sync(svc, f"iteration {iteration}")
     svc.info["policy_iteration"] = iteration
     fault_point(iteration, "sync")
-    return {"sync_s": time.perf_counter() - start, "policy_version": held,
-            "readback_tensors": float(getattr(svc.engine, "last_readback", 0))} | proof
+    adapter = adapter_sync(config)
+    return {"sync_s": time.perf_counter() - start, "policy_version": held, "adapter_only": float(adapter),
+            "readback_tensors": 0.0 if adapter else float(getattr(svc.engine, "last_readback", 0))} | proof
 
 
 def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, Any]:

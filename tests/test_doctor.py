@@ -71,6 +71,9 @@ def test_an_mlflow_server_with_a_local_store_fails_before_any_run(tmp_path, monk
     """An MLflow *server* refuses a model version whose source is a local folder: say so at preflight, not at the
     first save point."""
     monkeypatch.setenv("RLPIPE_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    # Nothing listens there: MLflow's client would retry the second check's request with back-off for the whole
+    # 30 s the check is given (28 s of the suite); one try says the same.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("RLPIPE_STORAGE_URI", str(tmp_path / "store"))
     cfg = load_config(None, [])
     bad = _one("mlflow-registry", _mlflow_registry, cfg, settings(), 30)

@@ -315,6 +315,13 @@ class RolloutConfig(_Strict):
         False, description="vLLM: reuse the KV cache of shared prompt prefixes (the samples of a group share "
         "theirs). The cache is reset at every weight sync."
     )
+    lora_sync: Literal["adapter", "merged"] = Field(
+        "adapter", description="With train.lora, what a weight sync moves to the engine. adapter: the in-process "
+        "vLLM engine keeps the start model and takes each iteration's LoRA adapter (vLLM's LoRA support: megabytes, "
+        "not the model); the probe proves the adapted policy as before. merged: the merged weights. The HF engine "
+        "and engines behind rollout or trainer services always take the merged weights (the run's start log says "
+        "which)."
+    )
     stop_tokens: list[int | str] | None = Field(
         None, description="Tokens (ids or strings) that end a response; null: the model's generation_config.json "
         "eos_token_id (an int or a list) and its tokenizer's EOS; []: none, every response runs to max_new_tokens."

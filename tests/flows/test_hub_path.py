@@ -15,6 +15,7 @@ from rlpipe.config import load_config, settings
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tokens import load_tokenizer
+from rlpipe.history import read_history
 from rlpipe.tracking.mlflow_utils import Tracker
 from tests.flows.test_train_flow import _cli
 
@@ -69,10 +70,19 @@ def test_sft_grpo_ppo_on_both_engines_and_register(prefect_harness, standins, ch
                    "sft.steps=20", "sft.batch_size=16", "sft.eval_every=20", "sft.stop_at_accuracy=null")])
     assert sft["sft_steps"] == 20
     base = f"models:/{sft['registered_model']['name']}@base"
-    grpo = _invoke(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-grpo-{arch}",
-                    *_sets(arch, chat_data, f"task.policy_model={base}", "rollout.engine=vllm", "train.kl_coef=0.01",
-                           "train.total_iterations=2")])
+    # Qwen2: LoRA, whose syncs move only the adapter into vLLM (rollout.lora_sync: adapter); one iteration, then the
+    # run extended to two: the resume starts the engine from the base and puts the save point's adapter on it,
+    # and the start probe proves that policy (a double-applied adapter would fail it).
+    lora = ["train.lora={r: 8}"] if arch == "qwen2" else []
+    grpo_sets = ["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-grpo-{arch}", *_sets(
+        arch, chat_data, f"task.policy_model={base}", "rollout.engine=vllm", "train.kl_coef=0.01", *lora)]
+    if lora:
+        assert _invoke(grpo_sets + ["--set", "train.total_iterations=1"])["iterations_done"] == 1
+    grpo = _invoke(grpo_sets + ["--set", "train.total_iterations=2"])
     assert grpo["iterations_done"] == 2 and grpo["engine"] == "vllm"
+    history = read_history(settings().run_dir(f"hub-grpo-{arch}"))
+    assert [h["iteration"] for h in history] == [0, 1]
+    assert all(h["sync/adapter_only"] == float(bool(lora)) and h["sync/probe_max_abs_diff"] < 1e-3 for h in history)
     ppo = _invoke(["run", "configs/grpo-arithmetic.yaml", "--run-id", f"hub-ppo-{arch}",
                    *_sets(arch, chat_data, f"task.policy_model={base}", "rollout.engine=hf", "train.algorithm=ppo",
                           "train.total_iterations=1")])
@@ -120,6 +130,9 @@ def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_da
     assert done.returncode == 0, done.stderr[-3000:]
     got, want = (json.loads((settings().run_dir(r) / "summary.json").read_text()) for r in (f"hub-kill-{arch}", f"hub-kill-ref-{arch}"))
     assert got["final_policy_version"] == want["final_policy_version"]
+    history = read_history(settings().run_dir(f"hub-kill-{arch}"))
+    assert [h["iteration"] for h in history] == [0, 1]
+    assert all(h["sync/adapter_only"] == 0.0 for h in history)  # the HF engine takes the merged weights
     if extra:
         cfg = load_config("configs/grpo-arithmetic.yaml", [s for s in sets[1::2]])
         mv = Tracker(settings(), cfg).version_by_alias(cfg.registered_model, "latest")

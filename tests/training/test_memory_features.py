@@ -71,14 +71,27 @@ def test_lora_trains_adapters_only_with_the_base_as_reference(standins, arch, tm
 
     prompts, conts = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15]]
     trained = t.sequence_logprobs(prompts, conts)
+    t.save(tmp_path / "state")
+    adapter_sha = json.loads((tmp_path / "state" / "trainer_state.json").read_text())["adapter_sha256"]
+
+    def gap(engine):
+        return max(abs(x - y) for a, b in zip(engine.sequence_logprobs(prompts, conts), trained) for x, y in zip(a, b))
+
     for kind, tol in (("hf", 1e-4), ("vllm", 1e-3)):  # vLLM: the probe's float32 tolerance
         engine = HFEngine(standins[arch]) if kind == "hf" else new_engine("vllm", standins[arch], max_model_len=64)
         try:
             assert engine.load_weights(tmp_path / "sync") == digest
-            gap = max(abs(x - y) for a, b in zip(engine.sequence_logprobs(prompts, conts), trained) for x, y in zip(a, b))
-            assert gap < tol, kind
+            assert gap(engine) < tol, kind
         finally:
             engine.close()
+    # rollout.lora_sync adapter: vLLM keeps the start model and takes only the adapter (its LoRA support)
+    engine = new_engine("vllm", standins[arch], max_model_len=64, lora_rank=LORA["r"])
+    try:
+        assert gap(engine) > 1e-6  # the base alone is not the trained policy …
+        assert engine.load_adapter(tmp_path / "state" / "adapter", version=digest) == adapter_sha
+        assert engine.weights_sha256() == digest and gap(engine) < 1e-3  # … the base with the adapter is
+    finally:
+        engine.close()
 
 
 def test_lora_resume_lands_on_identical_adapters(standins, tmp_path):

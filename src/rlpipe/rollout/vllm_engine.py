@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +70,7 @@ def _readback(model: Any, fed: dict[str, torch.Tensor], tp: int = 1) -> tuple[in
     for name, p in model.named_parameters():
         if p.numel() == 0 or p.is_meta:
             continue
+        name = name.replace(".base_layer.", ".")  # an engine with LoRA support wraps each layer it can adapt
         t = p.detach().to("cpu")
         if name in vocab:  # the engine pads the vocabulary (716 -> 768 rows): compare the checkpoint's rows
             t = t[: vocab[name]]
@@ -136,12 +139,24 @@ def _repack_embeddings(model: Any) -> int:
     return done
 
 
+def _lora_options(rank: int | None) -> dict[str, Any]:
+    """vLLM's LoRA settings for adapters of rank ``rank`` (its slots come in fixed sizes: the smallest that holds
+    it); one adapter at a time (each sync's replaces the last)."""
+    if not rank:
+        return {}
+    sizes = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    fit = next((s for s in sizes if s >= rank), None)
+    if fit is None:
+        raise ValueError(f"train.lora.r {rank}: vLLM serves LoRA ranks up to {sizes[-1]}; set rollout.lora_sync: merged")
+    return {"enable_lora": True, "max_lora_rank": fit, "max_loras": 1}
+
+
 class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  max_num_seqs: int | None = None, tensor_parallel_size: int = 1, enable_prefix_caching: bool = False,
-                 stop_tokens: list[int | str] | None = None):
+                 stop_tokens: list[int | str] | None = None, lora_rank: int | None = None):
         for k, v in CPU_ENV.items():
             os.environ.setdefault(k, v)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights reload via apply_model
@@ -166,7 +181,10 @@ class VLLMEngine:
             # rewinding its generator, which a CPU generator cannot do ("CPU Generator does not use offset").
             # Multi-turn contexts are long enough to be chunked otherwise.
             enable_chunked_prefill=False,
+            **_lora_options(lora_rank),
         )
+        self.lora_rank, self._lora, self._loras = lora_rank, None, 0
+        self._adapters = tempfile.TemporaryDirectory(prefix="rlpipe-vllm-lora-")
         self.tokenizer = self.llm.get_tokenizer()
         # The checkpoint's end tokens, given to every request: both engines stop on the same set (an int or a
         # list in generation_config.json, or rollout.stop_tokens).
@@ -243,7 +261,7 @@ class VLLMEngine:
             for i in range(len(prompts))
         ]
         outs = self._call("generate", lambda: self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                                                use_tqdm=False))
+                                                                use_tqdm=False, lora_request=self._lora))
         outputs = [sorted(out.outputs, key=lambda o: o.index) for out in outs]
         ids = [list(o.token_ids) for group in outputs for o in group]
         texts = iter(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
@@ -294,9 +312,35 @@ class VLLMEngine:
         if compared == 0:  # a read-back that compared nothing proves nothing (the probe must cover it all)
             raise WeightSyncError(f"the read-back after reload compared no tensor of {len(tensors)}: names or layout "
                                   "of the engine's parameters no longer match the checkpoint's")
-        self._sha = weights_sha256(consumed)
+        self._sha, self._lora = weights_sha256(consumed), None  # whole weights: no adapter on them
         self.last_readback = compared
         return self._sha
+
+    def load_adapter(self, folder: str | Path, version: str) -> str:
+        """Serve the start weights with the LoRA adapter in ``folder`` (peft's layout) from now on: the sync that
+        moves only the adapter. ``version``: the policy it makes (the merged weights' sha256), which
+        :meth:`weights_sha256` reports from now on. Returns the sha256 of the adapter's tensors, which the caller
+        compares with the trainer's; the probe then proves the adapted policy on the engine."""
+        from safetensors.torch import load_file
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_rank:
+            raise WeightSyncError("this vLLM engine was started without LoRA support (lora_rank); it takes merged weights")
+        files = sorted(Path(folder).glob("adapter_model*.safetensors"))
+        if not files:
+            raise WeightSyncError(f"{folder} holds no LoRA adapter (adapter_model.safetensors)")
+        digest = weights_sha256({k: v for f in files for k, v in load_file(f).items()})
+        with self._lock:
+            self._loras += 1  # a new id: vLLM caches an adapter by id, and this one is new weights
+            # vLLM reads the folder at the first request that uses it: a copy of its own (megabytes), which the
+            # run's save-point recycling cannot take away; the previous one goes.
+            own = Path(self._adapters.name) / str(self._loras)
+            shutil.copytree(folder, own)
+            shutil.rmtree(Path(self._adapters.name) / str(self._loras - 1), ignore_errors=True)
+            self._lora = LoRARequest(f"policy-{self._loras}", self._loras, str(own))
+            self.llm.reset_prefix_cache()
+            self._sha, self.adapter_sha256 = version, digest
+        return digest
 
     def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
         """log π(c_t | prompt, c_<t) of each continuation token at temperature 1, from the engine's own forward
@@ -304,8 +348,12 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outs = self._call("sequence_logprobs", lambda: self.llm.generate(
-            [{"prompt_token_ids": p + c} for p, c in zip(prompts, continuations)], params, use_tqdm=False))
+        seqs = [{"prompt_token_ids": p + c} for p, c in zip(prompts, continuations)]
+        # With LoRA on, vLLM 0.32's CPU LoRA logits path fails on the prompt log-probs of several requests in one
+        # step (bgmv_shrink: "subscript b has size 2 … size 6"): one request at a time there (a probe is ~8).
+        batches = [[q] for q in seqs] if self.lora_rank else [seqs]
+        outs = [o for batch in batches for o in self._call("sequence_logprobs", lambda b=batch: self.llm.generate(
+            b, params, use_tqdm=False, lora_request=self._lora))]
         return [[float(o.prompt_logprobs[len(p) + j][tok].logprob) for j, tok in enumerate(c)]
                 for o, p, c in zip(outs, prompts, continuations)]
 

@@ -49,6 +49,7 @@ from rlpipe.storage.samples import Sample
 from rlpipe.tokens import load_tokenizer
 from rlpipe.training.checkpoint import (
     ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, file_weights_sha256, read_trainer_state, rng_state, set_rng_state,
+    weights_sha256,
 )
 
 __all__ = ["ADAPTER", "PolicyTrainer", "Sample", "init_distributed", "merged_state_dict", "with_lora"]
@@ -1012,7 +1013,11 @@ class PolicyTrainer:
             _recycling(self.critic, folder, spare).save_checkpoint(str(folder / "critic"), tag="state", save_latest=False)
         if self.rank == 0:
             state = dict(self.state) | (extra_state or {}) | {"weights_sha256": digest, "world_size": self.world}
-            state |= {"lora_base": str(self.model_dir)} if self.cfg.lora else {}
+            if self.cfg.lora:  # the adapter's hash from memory: an engine fed adapter/ must read the same tensors
+                from peft import get_peft_model_state_dict
+
+                state |= {"lora_base": str(self.model_dir),
+                          "adapter_sha256": weights_sha256(get_peft_model_state_dict(self.engine.module))}
             (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))
             torch.save(rng_state(), folder / "rng.pt")
         return digest
