@@ -56,9 +56,8 @@ def test_zero_splits_and_lora_shrinks(standins):
     peft_model = with_lora(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(r=4))
     assert lora.trainable == sum(q.numel() for q in peft_model.parameters() if q.requires_grad) < p / 10
     assert "reference" not in lora.components  # the base with adapters off
-    assert lora.components["policy_weights"] == 4 * p
-    half = plan_memory(_cfg(lora={"r": 4}, precision="bf16"), folder, gpu=False).components
-    assert half["policy_weights"] == 2 * (p - lora.trainable) + 4 * lora.trainable
+    # the stand-in is bf16: LoRA keeps its frozen base in 16 bits, the adapters in float32
+    assert lora.components["policy_weights"] == 2 * (p - lora.trainable) + 4 * lora.trainable
     ppo = plan_memory(_cfg(algorithm="ppo"), folder, gpu=False).components
     assert ppo["critic"] == 16 * p
 

@@ -3,8 +3,9 @@
 Parameters are counted exactly (the architecture built on the meta device, no weights read); everything else is
 arithmetic on the config. Per trainer rank, bytes:
 
-- policy weights: float32 master copy, 4·P (``precision: bf16`` is autocast over float32 weights); LoRA under bf16
-  keeps the frozen base in 16 bits, 2·(P − P_train) + 4·P_train; ZeRO-3 splits them by rank;
+- policy weights: float32 master copy, 4·P (``precision: bf16`` is autocast over float32 weights); LoRA over a
+  16-bit checkpoint or under bf16 keeps the frozen base in 16 bits, 2·(P − P_train) + 4·P_train; ZeRO-3 splits
+  them by rank;
 - gradients: 4·P_train (P_train = P, or the adapters' parameters under LoRA); ZeRO ≥ 2 splits them by rank;
 - Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank; ``offload_optimizer`` moves them and the fp32
   partition (4·P_train/N) to CPU memory (``cpu_optimizer_offload``, not in the GPU's total);
@@ -106,8 +107,10 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     total, trainable = count_parameters_meta(folder, t.lora)
     seq = prompt_tokens + r.max_new_tokens
     z = t.zero_stage
-    # LoRA under bf16: the frozen base in 16 bits (no master copy: nothing optimizes it), the adapters in float32.
-    weights = 2 * (total - trainable) + 4 * trainable if (t.lora and t.precision == "bf16") else 4 * total
+    # LoRA over a 16-bit checkpoint, or under bf16: the frozen base in 16 bits (no master copy: nothing optimizes
+    # it), the adapters in float32.
+    half_base = t.lora and (ckpt_bytes == 2 or t.precision == "bf16")
+    weights = 2 * (total - trainable) + 4 * trainable if half_base else 4 * total
     comp = {"policy_weights": weights // (world if z >= 3 else 1),
             "gradients": 4 * trainable // (world if z >= 2 else 1),
             "optimizer_moments": 8 * trainable // (world if z >= 1 else 1)}

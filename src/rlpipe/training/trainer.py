@@ -433,6 +433,8 @@ class PolicyTrainer:
             _checkpoint_activations(model)
         if self.cfg.lora:
             model = with_lora(model, self.cfg.lora, Path(self.resume_dir) / ADAPTER if self.resume_dir else None)
+            if self.cfg.precision == "fp32":
+                _upcast_frozen(model)
         self.engine = self._engine(model, self.cfg.lr, self.cfg.grad_clip)
         self.device = torch.device(self.engine.device)  # DeepSpeed placed the model: inputs follow it
         self.ref = None
@@ -451,14 +453,18 @@ class PolicyTrainer:
             self._load_state(Path(self.resume_dir))
 
     def _base_dtype(self, src: str) -> torch.dtype:
-        """float32, but LoRA under bf16 keeps the frozen base in the checkpoint's 16-bit dtype (bfloat16 for a
-        float32 checkpoint), as TRL and OpenRLHF load it: nothing optimizes those weights, so no float32 master
-        copy is needed, and the base takes half the memory. The adapters stay float32 (peft)."""
-        if not (self.cfg.lora and self.cfg.precision == "bf16"):
+        """float32, but LoRA keeps the frozen base in 16 bits: nothing optimizes those weights, so no float32
+        master copy is needed, and the base takes half the memory (the adapters stay float32, peft). A 16-bit
+        checkpoint stays in its own dtype, under fp32 too, where each layer computes in float32 from its 16-bit
+        weight (:func:`_upcast_frozen`: the same numbers as a float32 copy, every 16-bit value being a float32
+        one); under bf16 a float32 checkpoint is held in bfloat16 as well, as TRL and OpenRLHF load it."""
+        if not self.cfg.lora:
             return torch.float32
         saved = json.loads((Path(src) / "config.json").read_text())
         named = saved.get("dtype") or saved.get("torch_dtype")
-        return torch.float16 if named == "float16" else torch.bfloat16
+        if named in ("float16", "bfloat16"):
+            return getattr(torch, named)
+        return torch.bfloat16 if self.cfg.precision == "bf16" else torch.float32
 
     def _reference(self) -> Any:
         """The frozen reference model. Under bf16 it is kept in the checkpoint's own dtype (a 16-bit checkpoint
@@ -1080,6 +1086,38 @@ def lora_targets(model: Any, targets: str | list[str], exclude: str | None = Non
         raise ValueError(f"{key}.target_modules: {missing} match no linear module of the model; its linear "
                          f"layers are named {leaves} (or use 'all-linear')")
     return targets
+
+
+class _UpcastLinear(torch.autograd.Function):
+    """``F.linear`` with a frozen 16-bit weight computed in the input's float32: the backward upcasts the weight
+    again instead of keeping a float32 copy of it alive between forward and backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (weight,) = ctx.saved_tensors
+        return grad @ weight.to(grad.dtype), None, None
+
+
+def _upcast_frozen(model: Any) -> None:
+    """Each frozen 16-bit layer of ``model`` computes in float32 (train.precision fp32 over a 16-bit LoRA base):
+    linear layers through :class:`_UpcastLinear`, embeddings by upcasting what they look up; the small 16-bit
+    parameters left (norms) are made float32."""
+    for module in model.modules():
+        low = [p for p in module.parameters(recurse=False) if p.dtype in (torch.bfloat16, torch.float16)]
+        if not low or any(p.requires_grad for p in low):
+            continue
+        if isinstance(module, torch.nn.Linear):
+            module.forward = lambda x, m=module: _UpcastLinear.apply(x, m.weight, m.bias)
+        elif isinstance(module, torch.nn.Embedding):
+            plain = module.forward
+            module.forward = lambda ids, f=plain: f(ids).float()
+        else:
+            module.float()
 
 
 @contextmanager
