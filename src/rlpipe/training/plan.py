@@ -15,6 +15,7 @@ arithmetic on the config. Per trainer rank, bytes:
   al. 2022 (arXiv:2205.05198, eq. 2) give s·b·h·(34 + 5·a·s/h) bytes a layer in 16 bits; float32 doubles it.
   With gradient checkpointing a layer keeps only its input (4·s·b·h) and one layer is recomputed at a time. The
   logits and their log-softmax and gradient: 3·4·B·S·V;
+- runtime: a fixed 0.1 GiB (``RUNTIME_BYTES``: DeepSpeed's engine object, the allocator, peft), measured on CPU;
 - the engine: its weights (float32 on CPU, the checkpoint's dtype on a GPU) and the KV cache of one rollout
   batch: 2·L·kv_heads·head_dim·bytes per token, for every completion's prompt and response.
 
@@ -31,6 +32,10 @@ from typing import Any
 __all__ = ["MemoryPlan", "plan_memory", "count_parameters_meta"]
 
 GiB = 2**30
+# What a trainer process holds beside the tensors the plan counts (DeepSpeed's engine, the allocator's slack,
+# peft's wrappers, the tokenizer): 0.08-0.14 GiB measured on CPU as the gap between the peak and the counted
+# tensors in the LoRA rows of benchmarks/plan_memory.py, where every counted tensor is alive at the peak.
+RUNTIME_BYTES = int(0.1 * GiB)
 
 
 @dataclass
@@ -126,6 +131,7 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
         rows = max(1, t.max_tokens_per_micro_batch // seq)
     comp["activations"] = _activations(s, rows, seq, t.gradient_checkpointing, act_bytes)
     engine_bytes = ckpt_bytes if gpu else 4
+    comp["runtime"] = RUNTIME_BYTES
     comp["engine_weights"] = total * engine_bytes
     completions = r.batch_size * r.samples_per_prompt
     comp["engine_kv_cache"] = 2 * s["L"] * s["kv"] * s["head_dim"] * engine_bytes * completions * seq
