@@ -136,7 +136,9 @@ def _micro_loss(model: Any, micro: Sequence[tuple[list[int], list[int]]], pad_id
     n = int((targets != IGNORE).sum())
     if n == 0:
         return logits.sum() * 0.0, 0
-    return F.cross_entropy(picked.float(), targets, ignore_index=IGNORE, reduction="sum"), n
+    # the mean, scaled by the caller: the same arithmetic as the one-process loop before DeepSpeed (the demo's
+    # figures reproduce to the bit)
+    return F.cross_entropy(picked.float(), targets, ignore_index=IGNORE, reduction="sum") / n, n
 
 
 def accumulate(engine: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, cfg: SFTConfig,
@@ -157,24 +159,25 @@ def accumulate(engine: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id
             loss, n = _micro_loss(engine, micro, pad_id, cfg.pack_sequences, device, cfg.precision == "bf16")
         else:  # a rank with no example this step still joins the reduction
             loss, n = sum(p.sum() for p in engine.module.parameters()) * 0.0, 0
-        engine.backward(loss * world / max(total, 1))
+        engine.backward(loss * n / max(total, 1) * world)
         if k < len(micros) - 1:
             engine.step()  # not a boundary: DeepSpeed counts the micro-step, the optimizer does not move
-        loss_sum += float(loss.detach())
+        loss_sum += float(loss.detach()) * n
     return {"loss": loss_sum / max(total, 1), "tokens": total}
 
 
 def _sft_engine(model: torch.nn.Module, cfg: SFTConfig, world: int) -> Any:
-    """The RL trainer's machinery: a DeepSpeed engine over torch's AdamW (fused), ZeRO ``cfg.zero_stage``,
-    bf16 autocast under ``precision: bf16``, DeepSpeed's gradient clipping at 1.0."""
+    """The RL trainer's machinery: a DeepSpeed engine over torch's AdamW, ZeRO ``cfg.zero_stage``, bf16 autocast
+    under ``precision: bf16``; gradients clipped at 1.0 (ZeRO 0: by :func:`_clip`, as the one-process loop did;
+    ZeRO 1/2: by DeepSpeed, which holds the partitions)."""
     import deepspeed
 
     if cfg.batch_size % world:
         raise ValueError(f"sft.batch_size ({cfg.batch_size}) must be a multiple of the ranks ({world})")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     ds = {"train_batch_size": cfg.batch_size, "train_micro_batch_size_per_gpu": cfg.batch_size // world,
-          "gradient_accumulation_steps": 1, "gradient_clipping": 1.0, "zero_optimization": {"stage": cfg.zero_stage},
-          "steps_per_print": 10**9, "wall_clock_breakdown": False}
+          "gradient_accumulation_steps": 1, "gradient_clipping": 1.0 if cfg.zero_stage else 0.0,
+          "zero_optimization": {"stage": cfg.zero_stage}, "steps_per_print": 10**9, "wall_clock_breakdown": False}
     if cfg.precision == "bf16":
         ds["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
@@ -254,11 +257,13 @@ def train_sft_examples(
         for group in engine.optimizer.param_groups:  # linear warm-up, then constant
             group["lr"] = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
         metrics = accumulate(engine, [examples[i] for i in idx], tokenizer.pad_token_id, cfg, device, rank, world)
+        grad_norm = _clip(engine, cfg)
         engine.step()
         metrics["loss"] = _all_sum(metrics["loss"], world, device)
         ema = metrics["loss"] if ema is None else 0.9 * ema + 0.1 * metrics["loss"]
         point = {"step": step, "loss": metrics["loss"], "loss_ema": ema,
-                 "grad_norm": float(engine.get_global_grad_norm() or 0.0), "lr": engine.optimizer.param_groups[0]["lr"]}
+                 "grad_norm": grad_norm if grad_norm is not None else float(engine.get_global_grad_norm() or 0.0),
+                 "lr": engine.optimizer.param_groups[0]["lr"]}
         result.history.append(point)
         result.steps, result.final_loss = step, ema
         if log and rank == 0 and (step % 10 == 0 or step == cfg.steps):
@@ -268,6 +273,14 @@ def train_sft_examples(
     result.wall_s = time.perf_counter() - start
     model.eval()
     return result
+
+
+def _clip(engine: Any, cfg: SFTConfig) -> float | None:
+    """ZeRO 0: clip the (reduced) gradient to norm 1.0 before the step; its norm. ZeRO 1/2: None (DeepSpeed
+    clips the partitions in its step)."""
+    if cfg.zero_stage:
+        return None
+    return float(torch.nn.utils.clip_grad_norm_(engine.module.parameters(), 1.0))
 
 
 def _all_sum(x: float, world: int, device: torch.device) -> float:
