@@ -85,7 +85,8 @@ def test_reward_model_on_a_hub_checkpoint_reads_chat_as_its_template_writes_it(s
     assert good > bad
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+# The Qwen2 stand-in (tied embeddings, bf16): the Llama one's trunk is the RM test above (~17 s each).
+@pytest.mark.parametrize("arch", ["qwen2"])
 def test_reward_model_with_lora_trains_adapters_and_head_and_saves_merged(standins, arch, tmp_path):
     """rm.lora: only the adapters and the new scalar head train; the trunk's weights stay; the saved folder is a
     plain HF reward model of the merged weights (the scorer scores as the trained module does), adapter beside."""
