@@ -632,7 +632,8 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
     the trainer's export, and the engine's log-probs on the probe batch the trainer's."""
     svc = services(run_id)
     start = time.perf_counter()
-    if adapter_sync(config):  # only the adapter moves; its tensors must be the trainer's (hashed from memory)
+    adapter = bool(getattr(svc.engine, "lora_rank", None))  # started for adapter syncs (adapter_sync at start)
+    if adapter:  # only the adapter moves; its tensors must be the trainer's (hashed from memory)
         folder = Path(update_ref["state_dir"])
         want = read_trainer_state(folder)["adapter_sha256"]
         got = svc.engine.load_adapter(folder / ADAPTER, update_ref["weights_sha256"])
@@ -652,7 +653,6 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: dic
     proof = prove_sync(svc, f"iteration {iteration}")
     svc.info["policy_iteration"] = iteration
     fault_point(iteration, "sync")
-    adapter = adapter_sync(config)
     return {"sync_s": time.perf_counter() - start, "policy_version": held, "adapter_only": float(adapter),
             "readback_tensors": 0.0 if adapter else float(getattr(svc.engine, "last_readback", 0))} | proof
 
