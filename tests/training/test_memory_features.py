@@ -141,10 +141,10 @@ def test_export_merged_equals_peft_merge_and_the_adapter_names_its_base(standins
     assert runner.invoke(app, ["export", str(tmp_path / "state"), str(tmp_path / "merged")]).exit_code == 2  # not empty
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["llama"])  # untied embeddings; tied ones: the 2-rank test on the tiny model
 def test_zero3_exports_whole_weights_and_resumes_to_the_same_update(standins, arch, tmp_path):
-    """ZeRO-3 holds each weight partitioned; its export gathers them into the folder ZeRO-0 writes (tied and
-    untied embeddings), and a resume from its save point lands on the uninterrupted run's next update."""
+    """ZeRO-3 holds each weight partitioned; its export gathers them into the folder ZeRO-0 writes, and a resume
+    from its save point lands on the uninterrupted run's next update."""
     torch.set_num_threads(1)
     plain, z3 = _trainer(standins[arch]), _trainer(standins[arch], zero_stage=3)
     assert z3.engine.zero_optimization_partition_weights()
@@ -211,7 +211,7 @@ def test_lora_under_bf16_keeps_the_base_in_16_bits_and_the_probe_in_float32(stan
             assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2"])  # bf16; the fp16 Llama base: the test above
 def test_lora_over_a_16_bit_checkpoint_keeps_it_16_bit_with_the_float32_update(standins, arch, monkeypatch):
     """precision fp32, a bf16/fp16 checkpoint: the frozen base stays 16-bit (half the memory) and every layer
     computes in float32 from it, so the update is the one a float32 copy of the base gives, up to the summation
