@@ -109,11 +109,11 @@ def test_sft_grpo_ppo_on_both_engines_and_register(prefect_harness, standins, ch
     assert gen(registered) == gen(standins[arch])
 
 
-# One family here (each drill is ~50 s of the suite): the Qwen2 stand-in with LoRA, whose resume has the most to
-# put back (the adapter onto the start model, the reference as the base with adapters off). The Llama stand-in's
-# trainer state resumes identically in tests/training/test_memory_features.py.
+# Both families (each drill is ~50 s of the suite): the Qwen2 stand-in with LoRA, whose resume has the most to
+# put back (the adapter onto the start model, the reference as the base with adapters off), and the Llama one
+# (untied, fp16, EOS a list, no pad token) with every weight trained.
 @pytest.mark.parametrize("arch,extra", [("qwen2", ["train.lora={r: 8}", "train.gradient_checkpointing=true",
-                                                   "train.kl_coef=0.01"])], ids=["qwen2-lora"])
+                                                   "train.kl_coef=0.01"]), ("llama", [])], ids=["qwen2-lora", "llama"])
 def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_data, arch, extra):
     """Killed after iteration 1's update, resumed from iteration 0's save point: the same final weights as a run
     never killed (LoRA: the adapter put back on the start model, the reference the base with adapters off)."""
