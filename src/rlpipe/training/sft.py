@@ -118,27 +118,24 @@ def evaluate_accuracy(
 
 def _micro_loss(model: Any, micro: Sequence[tuple[list[int], list[int]]], pad_id: int, pack: bool,
                 device: torch.device, bf16: bool) -> tuple[torch.Tensor, int]:
-    """Summed next-token cross-entropy of a micro-batch's labelled positions and their count; ``pack``: the
+    """Mean next-token cross-entropy of a micro-batch's labelled positions and their count; ``pack``: the
     examples end to end in rows (position ids restart at each; the trainer's packed layout), no padding."""
+    batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        if not pack:
-            batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-            picked, targets = logits.reshape(-1, logits.size(-1)), batch["labels"][:, 1:].reshape(-1)
-        else:
-            from rlpipe.training.trainer import _pack
+        if not pack:  # sft_loss: the one-process loop's arithmetic (the demo's figures reproduce to the bit)
+            loss, m = sft_loss(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                               batch["labels"])
+            return loss, m["tokens"]
+        from rlpipe.training.trainer import _pack
 
-            width = max(len(ids) for ids, _ in micro)
-            p = _pack([ids for ids, _ in micro], width, pad_id).to(device)
-            logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
-            labels = collate(micro, pad_id)["labels"][:, 1:].reshape(-1).to(device)
-            picked, targets = logits.reshape(-1, logits.size(-1))[p.src], labels[p.dst]
+        p = _pack([ids for ids, _ in micro], batch["input_ids"].shape[1], pad_id).to(device)
+        logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
+    targets = batch["labels"][:, 1:].reshape(-1)[p.dst]
     n = int((targets != IGNORE).sum())
     if n == 0:
         return logits.sum() * 0.0, 0
-    # the mean, scaled by the caller: the same arithmetic as the one-process loop before DeepSpeed (the demo's
-    # figures reproduce to the bit)
-    return F.cross_entropy(picked.float(), targets, ignore_index=IGNORE, reduction="sum") / n, n
+    picked = logits.reshape(-1, logits.size(-1))[p.src].float()
+    return F.cross_entropy(picked, targets, ignore_index=IGNORE, reduction="sum") / n, n
 
 
 def accumulate(engine: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, cfg: SFTConfig,

@@ -647,7 +647,8 @@ class PolicyTrainer:
         was_training = self.engine.module.training
         self.engine.module.eval()
         micro = _collate(samples, {}, self.tokenizer.pad_token_id).to(self.device)
-        with _float_weights(self.engine.module):  # a 16-bit LoRA base: in float32 for the probe's forward
+        # A 16-bit LoRA base under bf16: in float32 for the probe's forward (under fp32 its layers already upcast)
+        with _float_weights(self.engine.module) if self.cfg.precision == "bf16" else nullcontext():
             logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
         lp = token_logprobs(logits, micro.targets, 1.0)
         self.engine.module.train(was_training)
