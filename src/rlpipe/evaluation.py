@@ -8,9 +8,10 @@ same weights and split are the same number.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVAL_SAMPLES", "greedy_eval", "compare"]
+__all__ = ["EVAL_SAMPLES", "Judged", "benchmark_metrics", "compare", "greedy_eval", "pass_at_k"]
 
 EVAL_SAMPLES = 8  # (prompt, response, verdict) rows kept for MLflow's table view
 
@@ -65,3 +66,67 @@ def compare(candidate: float | None, baseline: float | None) -> tuple[bool, str]
     if candidate > baseline:
         return True, f"{candidate:.3f} beats the baseline's {baseline:.3f}"
     return False, f"{candidate:.3f} does not beat the baseline's {baseline:.3f}"
+
+
+# -- benchmark metrics (the evaluation suite: rlpipe.eval_suite) ------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem from ``n`` samples of which ``c`` are correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1): ``1 - C(n-c, k) / C(n, k)``, the chance that
+    k samples drawn without replacement from the n hold at least one correct one.
+
+    Computed as the paper's numpy form, ``1 - prod(1 - k / arange(n-c+1, n+1))``: the binomials themselves
+    overflow a float for n in the hundreds. ``k > n`` is an error: k samples cannot be drawn from fewer."""
+    import numpy as np
+
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k: c={c} correct samples out of n={n}; c must be between 0 and n")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k: k={k} with n={n} samples; k must be between 1 and n (raise sampling.n or drop k={k})")
+    if n - c < k:  # every draw of k holds a correct sample
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One response and its verdict: what the benchmark metrics are computed from."""
+
+    status: str  # the verifier's status (ok, unparseable, timeout, error, skipped)
+    reward: float | None
+    n_tokens: int  # tokens the engine generated
+    truncated: bool  # stopped by max_new_tokens (neither an end token nor a stop string)
+
+    @property
+    def correct(self) -> bool:
+        """Reward 1 with status ok. Any other status (a verifier error, a timeout) is wrong, never dropped:
+        leaving such rows out would score a model on the problems its verifier happened to handle."""
+        return self.status == "ok" and self.reward == 1.0
+
+
+def benchmark_metrics(greedy: list[Judged] | None, samples: list[list[Judged]] | None, ks: list[int]) -> dict[str, float]:
+    """A benchmark's numbers, over its P problems.
+
+    ``greedy``: one response per problem (or None); ``samples``: n responses per problem (or None).
+    Returns ``n`` (P), ``greedy_acc`` (share of problems answered correctly greedily), ``pass_at_<k>`` for each
+    k (the mean over problems of :func:`pass_at_k`), ``mean_len`` (mean generated tokens) and ``truncated``
+    (share that hit max_new_tokens), both over every response greedy and sampled, and ``n_<status>`` (how
+    many verdicts of each status, over every response)."""
+    every = (greedy or []) + [j for per in samples or [] for j in per]
+    if not every:
+        raise ValueError("benchmark_metrics: no responses (neither greedy nor sampled)")
+    problems = len(greedy) if greedy is not None else len(samples or [])
+    out: dict[str, float] = {"n": float(problems)}
+    if greedy is not None:
+        out["greedy_acc"] = sum(j.correct for j in greedy) / len(greedy)
+    for k in ks if samples is not None else []:
+        out[f"pass_at_{k}"] = sum(pass_at_k(len(per), sum(j.correct for j in per), k) for per in samples) / len(samples)
+    out["mean_len"] = sum(j.n_tokens for j in every) / len(every)
+    out["truncated"] = sum(j.truncated for j in every) / len(every)
+    from rlpipe.storage.schemas import REWARD_STATUSES
+
+    # Every known status, 0 included: runs compared side by side in MLflow have the same columns.
+    statuses = REWARD_STATUSES + tuple(sorted({j.status for j in every} - set(REWARD_STATUSES)))
+    out |= {f"n_{s}": float(sum(j.status == s for j in every)) for s in statuses}
+    return out
