@@ -100,6 +100,33 @@ def data_build(
     typer.echo(f"version {dataset_version(table)}")
 
 
+@data_app.command("import")
+def data_import(
+    format_: Annotated[str, typer.Argument(metavar="FORMAT", help="gsm8k, math, humaneval, mbpp, apps, codecontests, ultrafeedback or hh-rlhf.")],
+    src: Annotated[str, typer.Argument(help="A .jsonl, .jsonl.gz, .json or .parquet file, a folder, or a hub dataset name (needs `datasets`).")],
+    out: Annotated[Path, typer.Option(help="Where to write the table (.jsonl or .parquet).")],
+    split: Annotated[Optional[str], typer.Option(help="The rows' split (train/test/validation; a hub split name such as test_prefs is read too). Default: from the file name.")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Import the first N rows only.")] = None,
+) -> None:
+    """Convert a published dataset, rows as distributed, into a prompt or preference table; validate it and
+    print its version. Exit 1 if validation finds problems (the file is written), 2 if a row cannot be converted."""
+    from rlpipe.data.importers import DataImportError, import_dataset
+
+    try:
+        result = import_dataset(format_, src, out, split=split, limit=limit)
+    except DataImportError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    for f in result.findings:
+        typer.echo(str(f))
+    splits = ", ".join(f"{n} {s}" for s, n in sorted(result.splits.items()))
+    what = "preference pairs" if result.kind == "preferences" else "rows"
+    typer.echo(f"{out}: {result.rows} {what} written ({splits}), {len(result.findings)} finding(s)")
+    typer.echo(f"version {result.version}")
+    if result.findings:
+        raise typer.Exit(1)
+
+
 @app.command("plan")
 def plan_cmd(
     config: ConfigArg = None,
