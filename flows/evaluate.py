@@ -3,6 +3,9 @@ score → (validation split only) the promotion alias moves when the candidate i
 
 This is the one place ``best`` and ``champion`` move for a policy: registration never moves them, so a
 smoke run cannot change what people compare (see :data:`rlpipe.tracking.mlflow_utils.PROMOTION_ALIASES`).
+
+The ``evaluate-suite`` flow measures a model on benchmarks (``configs/evals/*.yaml``: GSM8K, MATH-500,
+HumanEval, MBPP) and logs them as one MLflow run; it only reports, it moves no alias.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from rlpipe.storage.layout import check_run_id
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
 from tasks.data import prepare_dataset
-from tasks.evaluate import Candidate, config_for, evaluate_models, log_evaluation, resolve_candidate
+from rlpipe.eval_suite import load_suite
+from tasks.evaluate import Candidate, config_for, evaluate_models, log_evaluation, log_suite, resolve_candidate, run_suite
 from tasks.preflight import preflight_task
+
+DEFAULT_SUITE = ("gsm8k", "math500", "humaneval", "mbpp")
+SUITE_EXPERIMENT = "rlpipe-evals"
 
 
 @flow(name="evaluate", flow_run_name="eval-{split}")
@@ -68,6 +75,48 @@ def evaluate(
     Tracker(settings(), config).end_run(mlflow_run)
     run_logger().info("%s on %s: %.3f; baseline @%s: %s; %s", candidate.label, split, summary["accuracy"], baseline,
                       summary["baseline"]["accuracy"], why)
+    return summary
+
+
+@flow(name="evaluate-suite", flow_run_name="eval-suite")
+def evaluate_suite(
+    model: str = "models:/rlpipe-arithmetic@best",
+    # List defaults, so the UI's form shows them (the flow never changes them in place).
+    suite: list[str] = list(DEFAULT_SUITE),
+    overrides: list[str] = [],
+    experiment: str = SUITE_EXPERIMENT,
+    config: Optional[RunConfig] = None,
+    run_id: str = "",
+) -> dict[str, Any]:
+    """Evaluate a model on a suite of benchmarks; one MLflow run with ``<bench>/greedy_acc``,
+    ``<bench>/pass_at_<k>``, ``<bench>/mean_len``, ``<bench>/truncated`` and verdict counts; returns (and
+    writes as summary.json) the metrics and each problem's verdicts.
+
+    Args:
+        model: The model: models:/NAME@ALIAS, models:/NAME/VERSION or a checkpoint folder.
+        suite: Benchmarks: names in configs/evals/ (gsm8k, math500, humaneval, mbpp) or paths to benchmark YAML files.
+        overrides: BENCH.key=value changes, e.g. gsm8k.prompts=datasets/evals/gsm8k.jsonl (the full imported file).
+        experiment: MLflow experiment of the run; keep one per comparison, so versions line up in the compare view.
+        config: The engine and verifier settings; empty: the config the model was trained with.
+        run_id: Id of this evaluation (its summary.json and MLflow run); empty: a new one.
+    """
+    start = time.perf_counter()
+    run_id = check_run_id(run_id or new_run_id("suite"))
+    benchmarks = load_suite(suite, overrides)  # a typo or a missing key fails before anything slow
+    candidate = resolve_candidate(model, config)
+    config = config_for(candidate, config)
+    preflight_task(_without_policy(config))
+    result = run_suite(config, candidate, benchmarks)
+    mlflow_run = log_suite(config, run_id, experiment, candidate, result)
+    summary = {
+        "kind": "evaluate-suite", "run_id": run_id, "model": model, "name": candidate.name, "version": candidate.version,
+        "weights_sha256": result["weights_sha256"], "suite": [b.name for b in benchmarks], "experiment": experiment,
+        "benchmarks": {b["name"]: {"metrics": b["metrics"], "prompts": b["prompts"], "dataset_version": b["dataset_version"],
+                                   "problems": b["problems"]} for b in result["benchmarks"]},
+        "mlflow_run_id": mlflow_run, "wall_s": round(time.perf_counter() - start, 2),
+    }
+    write_summary(settings(), run_id, summary)
+    Tracker(settings(), config).end_run(mlflow_run)
     return summary
 
 

@@ -1,8 +1,10 @@
 """Tasks of the ``evaluate`` flow: resolve a model version, measure it greedily on a split, log the result
-beside the baseline's in MLflow, and move a promotion alias when the candidate is better."""
+beside the baseline's in MLflow, and move a promotion alias when the candidate is better; and of the
+``evaluate-suite`` flow: run the benchmarks of ``configs/evals/`` on a model and log them as one MLflow run."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +12,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
+from rlpipe.eval_suite import Benchmark
 from rlpipe.evaluation import greedy_eval
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
@@ -117,4 +120,72 @@ def log_evaluation(config: RunConfig, run_id: str, dataset_version: str, split: 
     if candidate.name:
         tracker.client.set_model_version_tag(candidate.name, candidate.version, f"eval_{split}_accuracy", f"{result['accuracy']:.6f}")
         tracker.client.set_model_version_tag(candidate.name, candidate.version, f"eval_{split}_run", rid)
+    return rid
+
+
+# -- the evaluation suite --------------------------------------------------------------------------------
+
+
+@task(name="run-suite", cache_policy=NO_CACHE, timeout_seconds=6 * 3600)
+def run_suite(config: RunConfig, candidate: Candidate, benchmarks: list[Benchmark]) -> dict[str, Any]:
+    """Every benchmark of the suite on one engine holding the candidate (:func:`rlpipe.eval_suite.run_benchmark`).
+
+    Rows and prompts are checked before the engine starts, so a missing file or a prompt longer than the
+    model's context fails in seconds. Returns the weights' sha256 and, per benchmark, its results with the
+    prompt file and its content version."""
+    from rlpipe.eval_suite import prepare_benchmark, run_benchmark, suite_context
+    from rlpipe.rollout.engines import engine_options, new_engine
+    from rlpipe.tokens import load_tokenizer
+    from rlpipe.training.models import fetch_source, model_context
+    from tasks.rl import _check_sandbox_floor, verifier_pool
+
+    folder = str(fetch_source(candidate.source, settings()))
+    tokenizer, options = load_tokenizer(folder), config.reward.verifier_options()
+    prepared = [prepare_benchmark(b, tokenizer, options) for b in benchmarks]
+    _check_sandbox_floor(config, [r for p in prepared for r in p.rows])
+    context = config.rollout.max_model_len or suite_context(prepared, model_context(folder))
+    engine = new_engine(config.rollout.engine, folder, max_model_len=context, seed=config.seed, **engine_options(config.rollout))
+    pool = verifier_pool(config)
+    out: dict[str, Any] = {"weights_sha256": engine.weights_sha256(), "benchmarks": []}
+    try:
+        for k, p in enumerate(prepared):
+            start = time.perf_counter()
+            res = run_benchmark(engine, pool, p) | {"prompts": p.bench.prompts, "dataset_version": p.dataset_version}
+            m = res["metrics"]
+            run_logger().info("%s on %s: greedy %s, %s, mean_len %.1f, truncated %.2f (n=%d) in %.1f s [%d/%d]", candidate.label,
+                              p.bench.name, _fmt(m.get("greedy_acc")), ", ".join(f"pass@{key[8:]} {v:.3f}" for key, v in m.items()
+                              if key.startswith("pass_at_")) or "no samples", m["mean_len"], m["truncated"], m["n"],
+                              time.perf_counter() - start, k + 1, len(prepared))
+            out["benchmarks"].append(res)
+    finally:
+        pool.close()
+        engine.close()
+    return out
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+@task(name="log-suite", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, timeout_seconds=300)
+def log_suite(config: RunConfig, run_id: str, experiment: str, candidate: Candidate, result: dict[str, Any]) -> str:
+    """One MLflow run (kind ``evaluate-suite``) in ``experiment``: ``<bench>/<metric>`` for every benchmark, the
+    responses as tables (``evals/<bench>.json``), and tags naming the model and its version. Every version is
+    evaluated into the same experiment under the same metric names, so MLflow's compare view lines them up."""
+    cfg = config.model_copy(update={"tracking": config.tracking.model_copy(update={"experiment": experiment})})
+    tracker = Tracker(settings(), cfg)
+    rid = tracker.start_run(cfg, run_id, "evaluate-suite")
+    metrics = {f"{b['name']}/{k}": v for b in result["benchmarks"] for k, v in b["metrics"].items()}
+    tracker.log_metrics(rid, metrics, 0)
+    tags = {"mlflow.runName": f"{candidate.label} suite", "rlpipe.eval.model": candidate.spec,
+            "rlpipe.eval.model_name": candidate.name or candidate.spec, "rlpipe.eval.model_version": candidate.version or "",
+            "rlpipe.eval.weights_sha256": result["weights_sha256"],
+            "rlpipe.eval.suite": ",".join(b["name"] for b in result["benchmarks"])}
+    for b in result["benchmarks"]:
+        tags |= {f"rlpipe.eval.{b['name']}.prompts": b["prompts"], f"rlpipe.eval.{b['name']}.dataset_version": b["dataset_version"]}
+        tracker.log_table(rid, b["table"], f"evals/{b['name']}.json")
+    for k, v in tags.items():
+        tracker.client.set_tag(rid, k, v)
+    if candidate.name:
+        tracker.client.set_model_version_tag(candidate.name, candidate.version, "eval_suite_run", rid)
     return rid

@@ -5,7 +5,7 @@ CORE = [
     "rlpipe", "rlpipe.config", "rlpipe.storage", "rlpipe.storage.layout", "rlpipe.data", "rlpipe.rewards",
     "rlpipe.training.tiny", "rlpipe.training.sft", "rlpipe.training.checkpoint", "rlpipe.training.models",
     "rlpipe.tracking.mlflow_utils", "rlpipe.runs", "rlpipe.envs", "rlpipe.envs.calculator", "rlpipe.envs.guess",
-    "rlpipe.doctor",
+    "rlpipe.doctor", "rlpipe.evaluation", "rlpipe.eval_suite",
 ]
 FORBIDDEN = ["prefect", "mlflow", "boto3", "vllm", "deepspeed"]
 

@@ -514,13 +514,19 @@ def evaluate_cmd(
     split: Annotated[str, typer.Option(help="validation (promotion allowed) or test (report only).")] = "validation",
     baseline: Annotated[Optional[str], typer.Option(help="Alias of the same model to compare with; 'none' for no baseline.")] = "best",
     promote_to: Annotated[Optional[str], typer.Option(help="Move this alias (best, champion) to MODEL when it beats the baseline.")] = None,
+    suite: Annotated[Optional[str], typer.Option(help="Benchmarks instead of a split: names in configs/evals/ or YAML paths, comma-separated (gsm8k,math500,humaneval,mbpp).")] = None,
+    suite_set: Annotated[Optional[list[str]], typer.Option("--suite-set", help="Benchmark override BENCH.key=value (repeatable), e.g. gsm8k.prompts=FILE.")] = None,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment of a --suite run.")] = "rlpipe-evals",
 ) -> None:
     """Greedy evaluation of a model on a split, beside a baseline alias, logged to MLflow (the `evaluate`
-    deployment). CONFIG defaults to the config MODEL was trained with. Prints summary.json's path last."""
+    deployment); with --suite, the benchmarks of configs/evals/ instead (the `evaluate-nightly` deployment).
+    CONFIG defaults to the config MODEL was trained with. Prints summary.json's path last."""
     _prefect_env()
     from flows.evaluate import evaluate
 
     cfg = _load(config, set_) if config or set_ else None
+    if suite is not None or suite_set:
+        return _evaluate_suite(model, suite, suite_set, experiment, cfg, promote_to)
     if split not in ("validation", "test"):
         typer.echo(f"rlpipe evaluate: --split {split!r}: use validation or test", err=True)
         raise typer.Exit(2)
@@ -533,6 +539,28 @@ def evaluate_cmd(
     typer.echo(f"{out['name'] or model} v{out['version']} on {split}: accuracy {out['accuracy']:.3f} (n={out['n']})"
                + (f"; @{b['alias']} (v{b['version']}): {b['accuracy']:.3f}" if b["accuracy"] is not None else "")
                + f"; {out['reason']}")
+    typer.echo(settings().run_dir(out["run_id"]) / "summary.json")
+
+
+def _evaluate_suite(model: str, suite: str | None, overrides: list[str] | None, experiment: str, cfg: RunConfig | None,
+                    promote_to: str | None) -> None:
+    from flows.evaluate import evaluate_suite
+
+    if promote_to is not None or not suite:
+        typer.echo("rlpipe evaluate: " + ("--suite reports only; --promote-to moves aliases after a split evaluation "
+                   "(drop --suite)" if promote_to is not None else "--suite-set needs --suite NAMES"), err=True)
+        raise typer.Exit(2)
+    try:
+        out = evaluate_suite(model=model, suite=suite.split(","), overrides=overrides or [], experiment=experiment, config=cfg)
+    except (LookupError, ValueError) as e:  # ConfigError too: a benchmark file or override that cannot be used
+        typer.echo(f"rlpipe evaluate: {e}", err=True)
+        raise typer.Exit(2) from None
+    for name, b in out["benchmarks"].items():
+        m = b["metrics"]
+        passes = ", ".join(f"pass@{k[8:]} {v:.3f}" for k, v in m.items() if k.startswith("pass_at_"))
+        typer.echo(f"{name}: " + (f"greedy {m['greedy_acc']:.3f}, " if "greedy_acc" in m else "") + (f"{passes}, " if passes else "")
+                   + f"mean_len {m['mean_len']:.1f}, truncated {m['truncated']:.2f}, errors {int(m['n_error'])} (n={int(m['n'])})")
+    typer.echo(f"MLflow run {out['mlflow_run_id']} in experiment {out['experiment']}")
     typer.echo(settings().run_dir(out["run_id"]) / "summary.json")
 
 
