@@ -119,6 +119,8 @@ def test_cli_data_validate_and_build(tmp_path):
 
 # -- references the verifier cannot use, and prompts that give their answer away -------------
 
+CODE = {"id": "k1", "prompt": "Write f(x) = x + 1.", "task": "code", "split": "train",
+        "solution": "```python\ndef f(x):\n    return x + 1\n```"}
 FMT = {"id": "f1", "prompt": "Think, then answer 12+34.", "task": "format", "split": "train"}
 JSN = {"id": "j1", "prompt": "Describe Ada as JSON.", "task": "json", "split": "train"}
 
@@ -136,6 +138,13 @@ JSN = {"id": "j1", "prompt": "Describe Ada as JSON.", "task": "json", "split": "
         (OTHER | {"prompt": "What is 7+7?\nThe answer is 14."}, "prompt", "contains its own reference answer"),
         (OTHER | {"prompt": "Tom has 7 apples and gets 7 more. How many?\n#### 14"}, "prompt", "its own reference"),
         (OTHER | {"prompt": [{"role": "user", "content": "7 + 7 = 14"}], "id": "c1"}, "prompt", "its own reference"),
+        # A code reference with a key the verifier does not read (MBPP's setup under another name), and asserts
+        # copied out of a HumanEval check() without renaming `candidate`, or naming a function the solution lacks.
+        (CODE | {"ground_truth": '{"tests": ["assert f(1) == 2"], "setup_code": "import math"}'}, "ground_truth",
+         "key(s) ['setup_code'] are not read"),
+        (CODE | {"ground_truth": '{"tests": ["assert candidate(1) == 2"]}'}, "ground_truth", 'no "entry_point"'),
+        (CODE | {"ground_truth": '{"tests": ["assert g(1) == 2"]}'}, "ground_truth",
+         "the tests use `g`, which neither the test code nor the row's solution defines"),
     ],
 )
 def test_unusable_references_and_leaked_answers_are_named(tmp_path, bad, field, problem):

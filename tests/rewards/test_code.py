@@ -87,6 +87,23 @@ ADVERSARIAL = {
                                        "def add(a, b): return nums[0] if nums else -1",
     "memory exhaustion": "def add(a, b):\n    x = bytearray(1 << 30)\n    return a + b",
     "killing its own process": "import os, signal\ndef add(a, b): os.kill(os.getpid(), signal.SIGKILL)",
+    "killing the test harness": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add(a, b): return 0",
+    "the harness's memory through /proc": (
+        "import os, re\np, table = os.getppid(), {}\ntry:\n    mem = open('/proc/%d/mem' % p, 'rb')\n"
+        "    for line in open('/proc/%d/maps' % p).read().splitlines():\n        span, perms = line.split()[:2]\n"
+        "        lo, hi = (int(x, 16) for x in span.split('-'))\n        if 'rw' not in perms or hi - lo > 64 << 20:\n"
+        "            continue\n        try:\n            mem.seek(lo)\n            blob = mem.read(hi - lo)\n"
+        "        except OSError:\n            continue\n"
+        "        for a, b, c in re.findall(rb'add\\((-?\\d+), (-?\\d+)\\) == (-?\\d+)', blob):\n"
+        "            table[(int(a), int(b))] = int(c)\nexcept OSError:\n    pass\n"
+        "def add(a, b): return table.get((a, b), -1)"),
+    "forged reports through the harness's fds": (
+        "import os\nfor fd in ('/proc/%d/fd/1' % os.getppid(), '/proc/1/fd/1'):\n    try:\n"
+        "        os.write(os.open(fd, os.O_WRONLY), b'\\n@@RLPIPE@@' + b'0' * 32 + b' {\"k\": \"test\", \"i\": 0, \"ok\": true}\\n')\n"
+        "    except OSError:\n        pass\ndef add(a, b): return -1"),
+    "replies sent before the question": "import sys, json\nm = sys.modules['__main__']\n"
+                                        "for _ in range(50):\n    m.send({'v': ['i', '0'], 'a': []})\n"
+                                        "m.send({'names': {'add': ['v', ['i', '0']]}})\ndef add(a, b): return 0",
     "fake infrastructure messages on stderr": "import sys\nsys.stderr.write('rlpipe.sandbox: no sandbox available on this machine\\n"
                                               "rlpipe.sandbox: the launcher died without a status report\\n')\nsys.exit(3)",
 }
@@ -101,6 +118,17 @@ def test_forgery_attempts_score_zero(name):
     res = code(ADVERSARIAL[name], gt, **FAST)
     assert (res.status, res.reward) == ("ok", 0.0), res
     assert res.isolation == FULL
+
+
+def test_a_module_the_program_writes_is_never_imported_by_the_test():
+    """The test imports `random` after the program ran; a random.py the program left in the work dir
+    (which would make every case trivial) must not be the one imported."""
+    gt = json.dumps({"test": "def check(candidate):\n    import random\n    x = random.randint(10, 10**9)\n"
+                             "    assert candidate(x) == x + 1", "entry_point": "inc"})
+    fake = "open('random.py', 'w').write('def randint(a, b):\\n    return 0\\n')\ndef inc(x): return 1"
+    res = code(fake, gt, **FAST)
+    assert (res.status, res.reward) == ("ok", 0.0), res.reason
+    assert code("def inc(x): return x + 1", gt, **FAST).reward == 1.0
 
 
 def test_ignoring_the_alarm_is_the_programs_fault_and_fits_the_declared_budget():
@@ -128,7 +156,9 @@ HONEST = "```python\ndef add(a, b):\n    return a + b\n```"
         ("def add(a, b):\n    raise ValueError('nope')", 0.0, "ValueError: nope"),
         ("def add(a, b):\n    return float(a + b)", 1.0, "3/3 passed"),  # 3.0 == 3, ordinary semantics
         ("def add(a, b):\n    return (a + b, )", 0.0, "assertion failed"),
-        ("def add(a, b):\n    return iter([a + b])", 0.0, "not a plain value: list_iterator"),
+        ("def add(a, b):\n    return iter([a + b])", 0.0, "assertion failed"),  # materialised: [3] != 3
+        ("import re\ndef add(a, b):\n    return re.match('.', 'x')", 0.0, "not a plain value: Match"),
+        ("def plus(a, b):\n    return a + b", 0.0, "NameError: name 'add' is not defined"),
         ("", 0.0, "empty program"),
     ],
 )
@@ -144,7 +174,7 @@ def test_honest_program_passes_every_test_shape():
     assert (res.status, res.reward) == ("ok", 1.0), res.reason
 
 
-def test_plain_values_round_trip_and_loops_are_unrolled_outside():
+def test_values_cross_as_plain_data_and_loops_run_in_the_test():
     gt = json.dumps({"tests": [
         "assert f(0) == {'a': [1, (2, 3)], 'b': {4, 5}, 'c': frozenset({6}), 'd': None}",
         "assert f(1) == [True, -2**70, 1.5, 3+4j, b'\\x00x', 'é\\n']",
@@ -153,15 +183,56 @@ def test_plain_values_round_trip_and_loops_are_unrolled_outside():
         "assert {k: g(k) for k in range(3)} == {0: 0, 1: 2, 2: 4}",
         "assert sum(g(x) for x in range(4) if x % 2) == 8",
         "assert sorted(f(4), key=lambda t: -t) == [3, 2, 1]",
-    ]})
-    prog = ("def f(i):\n    return [{'a': [1, (2, 3)], 'b': {4, 5}, 'c': frozenset({6}), 'd': None},\n"
-            "            [True, -2**70, 1.5, 3+4j, b'\\x00x', 'é\\n'], float('nan'), float('inf'), [1, 3, 2]][i]\n"
-            "def g(x): return 2 * x")
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",  # a mutated argument comes back
+        "assert f(5) == collections.Counter('aab') and f(5).most_common(1) == [('a', 2)]",
+        "assert list(f(6)) == [0, 2, 4] and f(7) == fractions.Fraction(1, 3)",
+    ], "test_imports": ["import math", "import collections", "import fractions"]})
+    prog = ("import collections, fractions\n"
+            "def f(i):\n    return [{'a': [1, (2, 3)], 'b': {4, 5}, 'c': frozenset({6}), 'd': None},\n"
+            "            [True, -2**70, 1.5, 3+4j, b'\\x00x', 'é\\n'], float('nan'), float('inf'), [1, 3, 2],\n"
+            "            collections.Counter('aab'), map(lambda x: 2 * x, range(3)), fractions.Fraction(2, 6)][i]\n"
+            "def g(x): return 2 * x\n"
+            "def sort_in_place(xs): xs.sort()")
     res = code(prog, gt)
     assert (res.status, res.reward) == ("ok", 1.0), res.reason
-    # A program that special-cases nothing but cheats on the loop still fails (the loop runs here).
+    # A program that cheats on the loop still fails (the loop runs in the test's interpreter).
     res = code(prog.replace("return 2 * x", "return 0 if x == 0 else []"), gt)
-    assert res.reward == pytest.approx(4 / 7), res.reason
+    assert res.reward == pytest.approx(7 / 10), res.reason
+
+
+HUMANEVAL_STYLE = json.dumps({"test": (
+    "METADATA = {'author': 'jt', 'dataset': 'test'}\n\n"
+    "def check(candidate):\n    import random\n    rng = random.Random(42)\n"
+    "    for _ in range(50):\n        coeffs = [rng.randint(-5, 5) for _ in range(4)]\n"
+    "        x = candidate(coeffs)\n        assert abs(poly(coeffs, x) - sum(coeffs)) < 1e-9\n"
+    "    assert True\n    assert candidate([1, 2]) == 1\n"), "entry_point": "at_one",
+    "test_setup_code": "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))"})
+
+
+@pytest.mark.parametrize("program,reward", [
+    ("def at_one(xs):\n    return 1", 1.0),
+    ("def at_one(xs):\n    return 0", 0.0),
+    # The test's `poly` is the trusted one from test_setup_code, not the program's.
+    ("def poly(xs, x):\n    return sum(xs)\ndef at_one(xs):\n    return 5", 0.0),
+    ("def at_one(xs):\n    return 1 if len(xs) == 2 else 2", 0.0),
+])
+def test_humaneval_check_as_published(program, reward):
+    res = code(program, HUMANEVAL_STYLE, **FAST)
+    assert (res.status, res.reward) == ("ok", reward), res.reason
+
+
+def test_mbpp_setup_code_and_apps_calls():
+    mbpp = json.dumps({"tests": ["assert count(Node(1, Node(2, None))) == 2"],
+                       "test_setup_code": "class Node:\n    def __init__(s, v, n): s.v, s.n = v, n"})
+    # A program cannot receive the test's objects (only plain data crosses): such a test fails, it is never paid.
+    res = code("def count(n):\n    return 2", mbpp, **FAST)
+    assert (res.status, res.reward) == ("ok", 0.0) and "not a plain value: Node" in res.reason, res.reason
+    apps = json.dumps({"input_output": json.dumps({"fn_name": "solve", "inputs": [[1, 2], [[3], 4]],
+                                                   "outputs": [[3], [[3, 4]]]})})
+    assert code("def solve(a, b):\n    return a + b if isinstance(a, int) else (*a, b)", apps).reward == 1.0
+    assert code("def solve(a, b):\n    return 3", apps).reward == 0.5
+    stdin = json.dumps({"input_output": {"inputs": ["1 2\n", ["3 4"]], "outputs": ["3\n", ["7"]]}})
+    assert code("a, b = map(int, input().split())\nprint(a + b)", stdin).reward == 1.0
 
 
 def test_scoring_option():
@@ -172,7 +243,7 @@ def test_scoring_option():
     res = code(HONEST, ADD, scoring="most")
     assert res.status == "error" and "scoring" in res.reason and res.reward is None
     assert "scoring" in code.check_reference(ADD, scoring="most")
-    assert code.options == frozenset({"scoring"}) and code.version == "2" and code.sandboxed
+    assert code.options == frozenset({"scoring"}) and code.version == "3" and code.sandboxed
 
 
 SUM_IO = json.dumps({"io": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"},
@@ -220,12 +291,15 @@ BROKEN = [
     ("not json", "not JSON"),
     (json.dumps({"tests": []}), "no tests"),
     (json.dumps([1]), "string"),
-    (json.dumps(["x = add(1, 2)"]), "single `assert <expr>` statement, got Assign"),
-    (json.dumps(["import math"]), "got Import"),
-    (json.dumps(["assert add(1, 2) =="]), "does not parse"),
-    (json.dumps(["assert 1 == 1"]), "does not use any of the program's names"),
-    (json.dumps(["assert check(add(1, 2) - 3)"]), "combines the program's value with test data"),
-    (json.dumps(["assert all(x == 1 for x in add(1, 2) if add(x, 1))"]), "calls the program inside the loop"),
+    (json.dumps(["import math"]), "uses none of the program's names"),
+    (json.dumps(["assert add(1, 2) =="]), "does not compile"),
+    (json.dumps(["assert 1 == 1"]), "uses none of the program's names"),
+    (json.dumps(["assert candidate(1, 2) == 3"]), 'no "entry_point"'),
+    (json.dumps({"tests": ["assert add(1, 2) == 3"], "test_setup": "import math"}), "not read by the code verifier"),
+    (json.dumps({"test": "def check(candidate):\n    assert candidate(1, 2) == 3"}), 'needs "entry_point"'),
+    (json.dumps({"test": "assert add(1, 2) == 3", "entry_point": "add"}), "does not define `check(candidate)`"),
+    (json.dumps({"tests": ["assert add(1, 2) == 3"], "test_imports": "import math"}), "list of import lines"),
+    (json.dumps({"input_output": {"inputs": [[1]], "outputs": []}}), "as many of each"),
     (json.dumps({"io": []}), "non-empty list"),
     (json.dumps({"io": [{"input": "1"}]}), "io case 0"),
 ]
@@ -240,7 +314,7 @@ def test_broken_references_are_errors_naming_the_problem(gt, why):
 
 
 def test_check_reference_accepts_good_references():
-    for gt in (ADD, ADV, SUM_IO, json.dumps(["assert add(1, 2) == 3"])):
+    for gt in (ADD, ADV, SUM_IO, HUMANEVAL_STYLE, json.dumps(["assert add(1, 2) == 3"])):
         assert code.check_reference(gt) is None
 
 

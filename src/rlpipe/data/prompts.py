@@ -255,9 +255,24 @@ def _reference_findings(r: dict[str, Any], rid: str, checker: _ReferenceChecker,
         return []
     problem = checker.problem(r["task"], ref)
     if problem is None:
-        return []
+        return _code_name_findings(r, rid, field, ref)
     return [Finding(rid, field, f"the {r['task']!r} verifier cannot use this {field}: {problem}",
                     f"correct the row's {field} as described, or give the row the task whose verifier it was written for")]
+
+
+def _code_name_findings(r: dict[str, Any], rid: str, field: str, ref: str | None) -> list[Finding]:
+    """A name the tests take from the program that the row's own solution does not define: every program
+    would score 0 on those tests (a `candidate` not renamed, a helper the tests expect under another name)."""
+    if r["task"] != "code" or _blank(r["solution"]):
+        return []
+    from rlpipe.rewards.code import extract_program, undefined_names
+
+    missing = undefined_names(ref, extract_program(r["solution"]))
+    if not missing:
+        return []
+    return [Finding(rid, field, f"the tests use {', '.join(f'`{n}`' for n in missing)}, which neither the test code nor "
+                    "the row's solution defines", "rename it in the tests to the solution's function, or add "
+                    '"entry_point" / "test_setup_code" for it')]
 
 
 # -- a prompt that gives away its answer -----------------------------------------------------

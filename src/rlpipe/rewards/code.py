@@ -1,64 +1,58 @@
-"""Code verifiers: run model-written Python in the sandbox; judge its results *outside* it.
+"""Code verifiers: run model-written Python in the sandbox; nothing the program builds is compared where it could lie.
 
-- ``code``: ``ground_truth`` is either function tests, ``{"tests": ["assert f(1) == 2", …]}`` (or a
-  bare list), or stdin/stdout cases, ``{"io": [{"input": "1 2\\n", "output": "3\\n"}, …]}``. The
+- ``code``: ``ground_truth`` is a code benchmark's tests *as published* (see :mod:`rlpipe.rewards.code_ref`
+  for the keys: MBPP's ``tests``/``test_setup_code``/``test_imports``, HumanEval's ``test`` +
+  ``entry_point``, APPS' ``input_output``) or rlpipe's stdin/stdout cases ``{"io": [...]}``. The
   response's program is the last fenced ```python block, else the whole text. Option ``scoring``:
   ``"fraction"`` (default; passed/total) or ``"all"`` (1.0 only when every test passes).
 - ``python_expr``: ``ground_truth`` is the expected value's ``repr``; the response is one Python
   expression, evaluated in the sandbox without builtins; its ``repr`` comes back and is compared here.
 
-**How a function test is judged.** Each test must be one ``assert <expr>`` statement. It is parsed
-here, in the trusted process, and split: the sub-expressions that use the program's names (anything
-but literals, the safe builtins of ``SAFE_NAMES`` and ``math``) are *operands*; only they go into the
-sandbox, where the harness runs the program (compile, run, then each test's operands, each phase
-under its own SIGALRM budget) and serialises every operand's value as a plain literal: exact
-builtin types only (``type(x) is int``, not ``isinstance``: subclasses and custom objects are "not a
-plain value" and fail the test). Here the values are rebuilt from a tagged JSON form and the rest of
-the test (the comparison, ``abs(…) < 1e-6``, ``not``, ``in``, ``sorted(…)``…) is evaluated with
-ordinary Python semantics on plain values, with the real builtins (a safe builtin's name in a test
-always means the builtin, even if the program defines one of that name; the program is executed as
-module ``__solution__``, so its ``if __name__ == "__main__":`` block does not run). Comprehensions whose body calls
-the program are unrolled here first (``all(f(x) == 2 * x for x in range(3))`` becomes
-``all([f(0) == 0, f(1) == 2, f(2) == 4])``), so their loop and conditions never run in the sandbox.
-Tests that cannot be split safely are rejected by ``check_reference`` (see ``_split``).
+**How a function test is judged.** Two interpreters run in one sandbox. The test harness runs the
+test code (reference text: loops, seeded ``random``, helper functions, ``check(candidate)``) in its
+own interpreter; every name the test takes from the program is a proxy there. The program runs in a
+second, fresh interpreter (``__name__ == "__solution__"``, so its ``__main__`` block does not run),
+which answers calls on a private pipe: the arguments go over as plain data, the result comes back as
+plain data (tagged JSON: builtins, ``Fraction``, ``Decimal``, ``Counter``, ``OrderedDict``, ``deque``,
+``range``; subclasses as their base type's value; iterators, generators, ``map``/``filter``/``zip``
+and dict views materialised as lists; anything else, e.g. a regex match or the program's own class,
+is "not a plain value" and fails that test). A list, dict or set argument the function mutates comes
+back mutated. The harness rebuilds real values and evaluates the test on them, so a result cannot
+carry ``__eq__``, ``__bool__`` or any other code into the comparison. Each test has its own budget
+(``test_s``; ``check_s`` for a whole HumanEval ``check``); a program that hangs is killed and, at
+most ``RESTARTS`` times, started afresh for the next test.
 
 **How an stdin/stdout case is judged.** One sandbox run per item: a trusted harness (main.py) forks
 a child per case that runs the program as ``__main__`` with that case's input on stdin, under a
-per-case time budget, and sends back its stdout, exit status and a stderr tail (a fork costs a few
-ms a case; a fresh interpreter per case cost 50-100 ms, a sandbox run per case ~80-150 ms). Here
-the output is compared with the expected one, token-wise per line: each line is split into
-whitespace-separated tokens (so spacing inside a line, leading/trailing whitespace and ``\r\n``
-vs ``\n`` do not matter), trailing blank lines are dropped, and the lists of lines must then be
-equal (a line break where a space was expected fails; blank lines elsewhere count). No numeric
-tolerance. A case passes only when the program also exited with status 0 within its budget.
+per-case time budget, and sends back its stdout, exit status and a stderr tail. Here the output is
+compared with the expected one, token-wise per line: each line is split into whitespace-separated
+tokens (so spacing inside a line, leading/trailing whitespace and ``\r\n`` vs ``\n`` do not matter),
+trailing blank lines are dropped, and the lists of lines must then be equal. No numeric tolerance. A
+case passes only when the program also exited with status 0 within its budget.
 
-**Threat model — protected.** Expected values and expected outputs never enter the sandbox, and no
-verdict is computed there: the harness only reports values/outputs, so a program that forges the
-report (prints fake lines, finds the nonce and the harness's output fd, patches the harness through
-``sys.modules['__main__']``, monkeypatches builtins, defines ``__eq__``/``__bool__``/``__hash__`` on
-its results, subclasses int/str/list, raises or exits early) can at most claim values it could have
-returned anyway; it cannot learn the expected ones from the spec on disk or from the harness.
-Operands whose value is shaped by the test (loops) are evaluated here, not there.
+**Threat model — protected.** The program never sees the test code, the expected values or the
+report channel: the harness deletes the spec from disk and makes itself undumpable (so the program,
+the same uid, cannot read its memory or open its fds through ``/proc``) before the program starts,
+and drops the writable work dir from ``sys.path`` (a module the program writes there is never
+imported by a test). Reports carry a nonce the program never sees. A program that forges reports,
+replies before it is asked, patches its own interpreter, returns objects with rigged ``__eq__``,
+subclasses builtins, raises or exits, or kills the harness can at most claim values it could have
+returned anyway (see the forgery table in ``tests/rewards/test_code.py``).
 
-**Not protected.** (1) A program that *guesses* the expected value passes that test: boolean tests
-(``assert is_prime(7)``), ``assert f(x) is not None`` or tests over tiny answer spaces are cheap to
-guess, and a program may special-case the visible test inputs (hard-coding). (2) Inside an operand,
-everything the test passes to the program is an input the program sees; we reject the usual way an
-expected value leaks in (a comparison or arithmetic mixing a program value with test data inside a
-call to the program, e.g. ``check(f(x) - 3)``), but a test such as ``assert check(f(x), 4)`` hands
-``4`` to the program's ``check``. (3) Side channels: timing, memory use, the order of operations;
-the inputs of all tests are visible to the program. (4) Anything the sandbox itself does not protect
-(see ``rlpipe.sandbox``). (5) Values that are not plain (custom classes, numpy arrays, generators)
-always fail, so tasks whose answers are objects need tests that convert them inside the call.
+**Not protected.** (1) A program that *guesses* the expected value passes that test (boolean tests,
+tiny answer spaces, hard-coding visible inputs). (2) Whatever the test passes to the program is an
+input it sees. (3) Side channels: timing, memory use, the order of calls. (4) A program can stop
+(SIGSTOP) its harness: the verdict is then a timeout, never a pass. (5) Anything the sandbox itself
+does not protect (see ``rlpipe.sandbox``).
 
 **Verdict rule.** ``ok`` means the program was judged: what the program does wrong (syntax error,
-exception, wrong or non-plain value, its own budget exceeded even if it catches the budget
-exception, memory limit, ending or killing the harness before it reports, flooding the output) is
+exception, wrong or non-plain value, a name the tests need that it does not define, its own budget
+exceeded, memory limit, ending or killing the harness before it reports, flooding the output) is
 reward 0 for the affected tests, status ``ok``. Failures of the verification itself — no sandbox,
 sandbox setup failed, the sandbox launcher died, the harness never started, the sandbox's wall clock
 hit while the harness still had budget — are ``error`` / ``timeout`` with a reason; a broken
-reference is ``error`` naming the problem. Every verdict carries the sandbox ``isolation`` level
-(None where the sandbox never ran).
+reference (or a key no verifier reads) is ``error`` naming the problem. Every verdict carries the
+sandbox ``isolation`` level (None where the sandbox never ran).
 """
 
 from __future__ import annotations
@@ -72,8 +66,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlpipe.rewards.base import VerifyResult, register_verifier
-from rlpipe.rewards.code_harness import EXPR_HARNESS, FUNC_HARNESS, IO_HARNESS
-from rlpipe.rewards.code_split import SAFE_NAMES, _compile_test, _judge, _RefError, _Test
+from rlpipe.rewards.code_harness import CHECK_HARNESS, EXPR_HARNESS, IO_HARNESS, PROGRAM_SERVER
+from rlpipe.rewards.code_ref import KEYS, Ref, RefError, Test, parse_reference, undefined_names
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 MARK = "@@RLPIPE@@"
@@ -81,58 +75,14 @@ SANDBOX_SLACK_S = 4.0  # interpreter start-up inside the sandbox, beyond the har
 HARD_GRACE_S = 1.0  # the harness gives up on a phase that ignores its alarm this long after it
 TEST_OUT_CAP = 256 * 1024  # serialised values of one test (bytes)
 CASE_OUT_CAP = 1 << 20  # stdout of one stdin/stdout case (bytes)
-MAX_TESTS = 1000
 SCORINGS = ("fraction", "all")
 
-__all__ = ["SAFE_NAMES", "code_tests", "extract_program", "python_expr"]
+__all__ = ["KEYS", "code_tests", "extract_program", "python_expr", "undefined_names"]
 
 
 def extract_program(response: str) -> str:
     blocks = _FENCE.findall(response)
     return blocks[-1] if blocks else response
-
-
-# --------------------------------------------------------------------------- references
-
-@dataclass(frozen=True)
-class _Ref:
-    kind: str  # "tests" | "io"
-    tests: tuple[_Test, ...] = ()
-    cases: tuple[tuple[str, str], ...] = ()
-
-
-def _parse_io(cases: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(cases, list) or not cases:
-        raise _RefError('"io" must be a non-empty list of {"input": "...", "output": "..."}')
-    if len(cases) > MAX_TESTS:
-        raise _RefError(f"{len(cases)} io cases; at most {MAX_TESTS}")
-    out = []
-    for i, c in enumerate(cases):
-        if not (isinstance(c, dict) and isinstance(c.get("input"), str) and isinstance(c.get("output"), str)):
-            raise _RefError(f'io case {i} must be {{"input": <str>, "output": <str>}}, got {str(c)[:80]}')
-        out.append((c["input"], c["output"]))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=512)
-def _parse_reference(ground_truth: str | None) -> _Ref:
-    """The parsed, split reference; raises _RefError saying what is wrong with it."""
-    try:
-        spec = json.loads(ground_truth or "")
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise _RefError(f'ground truth is not JSON ({getattr(e, "msg", e)}): give {{"tests": [...]}}, '
-                        'a list of tests, or {"io": [...]}') from None
-    if isinstance(spec, dict) and "io" in spec:
-        return _Ref("io", cases=_parse_io(spec["io"]))
-    tests = spec.get("tests") if isinstance(spec, dict) else spec
-    if not isinstance(tests, list) or not tests:
-        raise _RefError('no tests: give {"tests": ["assert f(1) == 2", ...]} (non-empty), a list of tests, '
-                        'or {"io": [{"input": ..., "output": ...}]}')
-    if len(tests) > MAX_TESTS:
-        raise _RefError(f"{len(tests)} tests; at most {MAX_TESTS}")
-    if not all(isinstance(t, str) for t in tests):
-        raise _RefError("every test must be a string holding one `assert <expr>` statement")
-    return _Ref("tests", tests=tuple(_compile_test(i, t) for i, t in enumerate(tests)))
 
 
 # --------------------------------------------------------------------------- running the sandbox
@@ -212,44 +162,52 @@ def _score(passed: list[bool], scoring: str, reason: str, isolation: str | None)
 
 # --------------------------------------------------------------------------- the verifiers
 
-_BUDGETS = {"compile_s": 2.0, "run_s": 3.0, "test_s": 2.0, "case_s": 2.0}
+_BUDGETS = {"compile_s": 2.0, "run_s": 3.0, "test_s": 2.0, "check_s": 6.0, "case_s": 2.0}
 _CASE_OVERHEAD_S = 0.5  # forking the program and reading its output, per io case (generous)
 _TEARDOWN_S = 5.0  # killing the sandbox after its wall clock, parsing and judging here
+RESTARTS = 2  # fresh program interpreters after one died or was killed for its time
 
 
-def _harness_budget(ref: _Ref, compile_s: float, run_s: float, test_s: float, case_s: float) -> float:
+def _seconds(t: Test, b: dict[str, float]) -> float:
+    return b["check_s"] if t.kind == "check" else b["test_s"]
+
+
+def _harness_budget(ref: Ref, b: dict[str, float]) -> float:
     if ref.kind == "io":
-        return len(ref.cases) * (case_s + _CASE_OVERHEAD_S) + 1.0
-    # per test: its budget + describing an exception (0.2 s); once: a phase that ignores its alarm
-    return compile_s + run_s + 0.5 + HARD_GRACE_S + len(ref.tests) * (test_s + 0.3)
+        return len(ref.cases) * (b["case_s"] + _CASE_OVERHEAD_S) + 1.0
+    # per test: its budget + reporting; per (re)start of the program: compiling and running it
+    starts = (1 + min(RESTARTS, len(ref.tests))) * (b["compile_s"] + b["run_s"] + 0.5)
+    return 1.0 + starts + HARD_GRACE_S + sum(_seconds(t, b) + 0.2 for t in ref.tests)
 
 
-def _code_budget(ground_truth: str | None, compile_s: float = 2.0, run_s: float = 3.0, test_s: float = 2.0,
-                 case_s: float = 2.0, **_: Any) -> float:
+def _code_budget(ground_truth: str | None, **options: Any) -> float:
     try:
-        ref = _parse_reference(ground_truth)
-    except _RefError:
+        ref = parse_reference(ground_truth)
+    except RefError:
         return 1.0
-    return _harness_budget(ref, compile_s, run_s, test_s, case_s) + SANDBOX_SLACK_S + _TEARDOWN_S
+    b = {**_BUDGETS, **{k: v for k, v in options.items() if k in _BUDGETS}}
+    return _harness_budget(ref, b) + SANDBOX_SLACK_S + _TEARDOWN_S
 
 
 def _code_check(ground_truth: str | None, scoring: str = "fraction", **_: Any) -> str | None:
     if scoring not in SCORINGS:
         return f"option scoring={scoring!r} is not one of {SCORINGS}"
     try:
-        _parse_reference(ground_truth)
-    except _RefError as e:
+        parse_reference(ground_truth)
+    except RefError as e:
         return str(e)
     return None
 
 
-def _run_tests(program: str, tests: tuple[_Test, ...], b: dict[str, float]) -> tuple[list[bool], str, Any]:
-    spec = {"tests": [t.operands for t in tests], "compile_s": b["compile_s"], "run_s": b["run_s"],
-            "test_s": b["test_s"], "hard_grace_s": HARD_GRACE_S, "out_cap": TEST_OUT_CAP,
-            "safe": sorted(SAFE_NAMES - {"math"})}
-    budget = _harness_budget(_Ref("tests", tests=tests), b["compile_s"], b["run_s"], b["test_s"], b["case_s"])
-    out_bytes = min(len(tests) * (2 * TEST_OUT_CAP + 256) + 4096, 32 << 20)
-    res, records = _sandbox(FUNC_HARNESS, {"solution.py": program, "spec.json": json.dumps(spec)}, budget, out_bytes)
+def _run_tests(program: str, ref: Ref, b: dict[str, float]) -> tuple[list[bool], str, Any]:
+    tests = [{"i": i, "kind": t.kind, "code": t.source, "args": t.args, "expected": t.expected, "s": _seconds(t, b)}
+             for i, t in enumerate(ref.tests)]
+    spec = {"tests": tests, "setup": ref.setup, "names": list(ref.names), "entry_point": ref.entry_point,
+            "compile_s": b["compile_s"], "run_s": b["run_s"], "hard_grace_s": HARD_GRACE_S, "out_cap": TEST_OUT_CAP,
+            "restarts": RESTARTS}
+    files = {"solution.py": program, "spec.json": json.dumps(spec), "server.py": PROGRAM_SERVER}
+    out_bytes = min(len(tests) * 1024 + 8192, 8 << 20)
+    res, records = _sandbox(CHECK_HARNESS, files, _harness_budget(ref, b), out_bytes)
     if isinstance(res, VerifyResult):
         return [], "", res
     fatal = next((r for r in records if r.get("k") == "fatal"), None)
@@ -258,15 +216,12 @@ def _run_tests(program: str, tests: tuple[_Test, ...], b: dict[str, float]) -> t
         if r.get("k") == "test" and type(r.get("i")) is int and 0 <= r["i"] < len(tests):
             got.setdefault(r["i"], r)
     passed, why = [], ""
-    for i, t in enumerate(tests):
+    for i, t in enumerate(ref.tests):
         r = got.get(i)
         if r is None:
             ok, err = False, str(fatal.get("error"))[:300] if fatal else _unfinished(res, records)
-        elif "error" in r or not isinstance(r.get("v"), str):
-            ok, err = False, f"{t.source[:80]}: {str(r.get('error'))[:200]}"
         else:
-            ok, err = _judge(t, r["v"])
-            err = f"{t.source[:80]}: {err}"
+            ok, err = r.get("ok") is True, f"{t.source[:80]}: {str(r.get('error'))[:200]}"
         passed.append(ok)
         why = why or ("" if ok else err)
     return passed, why, res
@@ -281,7 +236,7 @@ def _tokens(text: str) -> list[list[str]]:
 
 def _run_io(program: str, cases: tuple[tuple[str, str], ...], case_s: float) -> tuple[list[bool], str, Any]:
     spec = {"inputs": [c[0] for c in cases], "case_s": case_s, "out_cap": CASE_OUT_CAP}
-    budget = _harness_budget(_Ref("io", cases=cases), 0, 0, 0, case_s)
+    budget = _harness_budget(Ref("io", cases=cases), {**_BUDGETS, "case_s": case_s})
     out_bytes = min(len(cases) * (2 * CASE_OUT_CAP + 1024) + 4096, 64 << 20)
     res, records = _sandbox(IO_HARNESS, {"solution.py": program, "spec.json": json.dumps(spec)}, budget, out_bytes)
     if isinstance(res, VerifyResult):
@@ -309,7 +264,7 @@ def _run_io(program: str, cases: tuple[tuple[str, str], ...], case_s: float) -> 
     return passed, why, res
 
 
-@register_verifier("code", version="2", budget_s=_code_budget, check_reference=_code_check, options=("scoring",),
+@register_verifier("code", version="3", budget_s=_code_budget, check_reference=_code_check, options=("scoring",),
                    sandboxed=True)
 def code_tests(response: str, ground_truth: str | None, scoring: str = "fraction", **budgets: float) -> VerifyResult:
     """Function tests or stdin/stdout cases; ``budgets``: compile_s, run_s, test_s, case_s (direct callers)."""
@@ -320,8 +275,8 @@ def code_tests(response: str, ground_truth: str | None, scoring: str = "fraction
         return VerifyResult(None, "error", f"unknown option(s) {sorted(unknown)}")
     b = {**_BUDGETS, **budgets}
     try:
-        ref = _parse_reference(ground_truth)
-    except _RefError as e:
+        ref = parse_reference(ground_truth)
+    except RefError as e:
         return VerifyResult(None, "error", f"reference: {e}"[:400])
     program = extract_program(response)
     if not program.strip():
@@ -329,7 +284,7 @@ def code_tests(response: str, ground_truth: str | None, scoring: str = "fraction
     if ref.kind == "io":
         passed, why, res = _run_io(program, ref.cases, b["case_s"])
     else:
-        passed, why, res = _run_tests(program, ref.tests, b)
+        passed, why, res = _run_tests(program, ref, b)
     if isinstance(res, VerifyResult):
         return res
     return _score(passed, scoring, why[:300], res.isolation)

@@ -1,9 +1,10 @@
 """The programs that run *inside* the sandbox for the code verifiers (stdlib only, /usr/bin/python3).
 
-They only report: values of test operands (function tests), a program's stdout per case
-(stdin/stdout tests) or an expression's ``repr`` — never a verdict. Every report line carries the
-run's nonce and goes to a private copy of the real stdout. Judging happens in
-:mod:`rlpipe.rewards.code_split`, outside the sandbox.
+Function tests: the test harness (CHECK_HARNESS, the test code's interpreter) reports one pass/fail per
+test; the program runs in a second interpreter (PROGRAM_SERVER) that only answers calls with plain data.
+stdin/stdout cases and expressions: the harness only reports the program's stdout or an expression's
+``repr``, judged outside the sandbox. Every report line carries the run's nonce and goes to a
+private copy of the real stdout, which the program never holds.
 """
 
 
@@ -22,100 +23,353 @@ emit(k="start", t=_mono())
 spec = json.load(open("spec.json"))
 '''
 
-# Function tests. The program runs in this process (it must: the operands call it); its stdout goes
-# to /dev/null, the report to a private dup of the real stdout. Only values are reported.
-FUNC_HARNESS = _PRELUDE + r'''
-import builtins, math, signal
-_type, _hex, _repr, _len, _eval, _compile = type, hex, repr, len, eval, compile
-_CLEAN = dict(builtins.__dict__)
-_null = os.open(os.devnull, os.O_WRONLY)
-os.dup2(_null, 1)
-
-class Budget(BaseException):
-    pass
-
-state = {"active": False, "hard": 0.0, "what": ""}
-
-def _alarm(signum, frame):
-    if state["active"] and _mono() > state["hard"]:
-        emit(k="done", error=state["what"] + " did not give control back after its time budget")
-        _exit(0)
-    if state["active"]:
-        raise Budget()
-
-signal.signal(signal.SIGALRM, _alarm)
-
-def phase(what, seconds, fn):
-    state.update(what=what, hard=_mono() + seconds + spec["hard_grace_s"], active=True)
-    t0 = _mono()
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
-    try:
-        out = fn()
-    finally:
-        state["active"] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    if _mono() - t0 > seconds:
-        raise Budget()
-    return out
-
-def describe(e):
-    try:
-        return phase("describing an exception", 0.2, lambda: (_type(e).__name__ + ": " + str(e))[:300])
-    except BaseException:
-        return "exception"
-
-_SEQ = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+# Values cross between the test harness and the program's interpreter as tagged JSON, in both
+# directions (arguments one way, results the other). Each side rebuilds real objects of the types
+# below and nothing else, so nothing the program built is ever compared. Subclasses of builtins are
+# sent as their base type's value; iterators, generators, maps, filters, zips and dict views are
+# materialised as lists (at most MAX_ITEMS items); namedtuples become tuples and defaultdicts dicts.
+CODEC = r"""
+import collections as _co, fractions as _fr, decimal as _dc
+_MAX_ITEMS = 1000000
 
 def enc(x, depth=0):
     if depth > 100:
         raise ValueError("value nested too deeply")
-    t = _type(x)
-    if x is None or t is bool:
+    if x is None or x is True or x is False:
         return x
-    if t is int:
-        return ["i", _hex(x)]
-    if t is float:
-        return ["f", _repr(x)]
-    if t is complex:
-        return ["c", _repr(x.real), _repr(x.imag)]
-    if t is str:
-        return ["s", x]
-    if t is bytes:
-        return ["y", x.hex()]
-    if t in _SEQ:
-        return [_SEQ[t], [enc(y, depth + 1) for y in x]]
-    if t is dict:
-        return ["d", [[enc(k, depth + 1), enc(v, depth + 1)] for k, v in x.items()]]
-    raise TypeError("not a plain value: " + t.__name__)
+    if isinstance(x, int):
+        return ["i", int.__format__(int.__int__(x), "x")]
+    if isinstance(x, float):
+        return ["f", float.__repr__(x)]
+    if isinstance(x, complex):
+        return ["c", float.__repr__(complex.real.__get__(x)), float.__repr__(complex.imag.__get__(x))]
+    if isinstance(x, str):
+        return ["s", str.__str__(x)]
+    if isinstance(x, (bytes, bytearray)):
+        return ["y", bytes(x).hex()]
+    if isinstance(x, _fr.Fraction):
+        return ["Q", format(int(x.numerator), "x"), format(int(x.denominator), "x")]
+    if isinstance(x, _dc.Decimal):
+        return ["D", _dc.Decimal.__str__(x)]
+    if isinstance(x, range):
+        return ["R", x.start, x.stop, x.step]
+    if isinstance(x, dict):
+        tag = "C" if isinstance(x, _co.Counter) else "O" if isinstance(x, _co.OrderedDict) else "d"
+        return [tag, [[enc(k, depth + 1), enc(v, depth + 1)] for k, v in list(dict.items(x))]]
+    for cls, tag in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F"), (_co.deque, "Q_")):
+        if isinstance(x, cls):
+            return ["q" if tag == "Q_" else tag, [enc(y, depth + 1) for y in list(cls.__iter__(x))]]
+    if hasattr(type(x), "__next__") or type(x).__name__ in ("dict_keys", "dict_values", "dict_items"):
+        items = []
+        for y in x:
+            items.append(enc(y, depth + 1))
+            if len(items) > _MAX_ITEMS:
+                raise ValueError("iterator longer than %d items" % _MAX_ITEMS)
+        return ["l", items]
+    raise TypeError("not a plain value: " + type(x).__name__)
 
-src = open("solution.py").read()
-ns = {"__name__": "__solution__"}
-try:
-    code = phase("compiling the program", spec["compile_s"], lambda: compile(src, "solution.py", "exec"))
-    phase("running the program", spec["run_s"], lambda: exec(code, ns))
-except Budget:
-    emit(k="fatal", error="the program ran past its time budget"); _exit(0)
-except BaseException as e:
-    emit(k="fatal", error=describe(e)); _exit(0)
-for i, ops in enumerate(spec["tests"]):
-    env = dict(ns)
-    env.update({n: _CLEAN[n] for n in spec["safe"] if n in _CLEAN})
-    env["math"] = math
-    def run_ops():
-        vals = [enc(_eval(_compile(o, "<test %d>" % i, "eval"), env)) for o in ops]
-        out = _dumps(vals)
-        if _len(out) > spec["out_cap"]:
-            raise ValueError("value too large (%d bytes serialised)" % _len(out))
-        return out
+_SEQ = {"l": list, "t": tuple, "S": set, "F": frozenset, "q": _co.deque}
+_MAP = {"d": dict, "C": _co.Counter, "O": _co.OrderedDict}
+
+def dec(x, depth=0):
+    if x is None or type(x) is bool:
+        return x
+    if depth > 100 or type(x) is not list or not x or type(x[0]) is not str:
+        raise ValueError("malformed value")
+    tag, rest = x[0], x[1:]
+    if tag == "i" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 100000:
+        return int(rest[0], 16)
+    if tag == "f" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 40:
+        return float(rest[0])
+    if tag == "c" and len(rest) == 2 and all(type(r) is str and len(r) <= 40 for r in rest):
+        return complex(float(rest[0]), float(rest[1]))
+    if tag == "s" and len(rest) == 1 and type(rest[0]) is str:
+        return rest[0]
+    if tag == "y" and len(rest) == 1 and type(rest[0]) is str:
+        return bytes.fromhex(rest[0])
+    if tag == "Q" and len(rest) == 2 and all(type(r) is str and len(r) <= 100000 for r in rest):
+        return _fr.Fraction(int(rest[0], 16), int(rest[1], 16))
+    if tag == "D" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 1000:
+        return _dc.Decimal(rest[0])
+    if tag == "R" and len(rest) == 3 and all(type(r) is int for r in rest):
+        return range(*rest)
+    if tag in _SEQ and len(rest) == 1 and type(rest[0]) is list:
+        return _SEQ[tag](dec(v, depth + 1) for v in rest[0])
+    if tag in _MAP and len(rest) == 1 and type(rest[0]) is list:
+        if not all(type(kv) is list and len(kv) == 2 for kv in rest[0]):
+            raise ValueError("malformed dict")
+        return _MAP[tag](dict([(dec(k, depth + 1), dec(v, depth + 1)) for k, v in rest[0]]))
+    raise ValueError("malformed value (tag %r)" % tag[:5])
+"""
+
+# The program's interpreter: a fresh /usr/bin/python3 started by the test harness. It runs the program
+# as module ``__solution__`` (its ``if __name__ == "__main__":`` block does not run), then answers
+# requests on a private pipe: which of the test's names the program defines, and calls. fds 0-2 are
+# /dev/null, so the program's prints and reads never touch the channel.
+PROGRAM_SERVER = r"""
+import builtins, json, os, sys
+_rd, _wr = os.dup(0), os.dup(1)
+_null = os.open(os.devnull, os.O_RDWR)
+for _fd in (0, 1, 2):
+    os.dup2(_null, _fd)
+sys.stdin, sys.stdout, sys.stderr = open(os.devnull), open(os.devnull, "w"), open(os.devnull, "w")
+_inbox = os.fdopen(_rd, "rb")
+_write, _exit, _dumps, _loads = os.write, os._exit, json.dumps, json.loads
+""" + CODEC + r"""
+def send(obj):
+    data = (_dumps(obj) + "\n").encode("utf-8", "replace")
+    while data:
+        data = data[_write(_wr, data):]
+
+def describe(e):
     try:
-        emit(k="test", i=i, v=phase("test %d" % i, spec["test_s"], run_ops))
-    except Budget:
-        emit(k="test", i=i, error="ran past its time budget")
+        return (type(e).__name__ + ": " + str(e))[:300]
+    except BaseException:
+        return type(e).__name__
+
+ns = {"__name__": "__solution__", "__builtins__": builtins}
+try:
+    exec(compile(open("solution.py").read(), "solution.py", "exec"), ns)
+except BaseException as e:
+    send({"fatal": describe(e)})
+    _exit(0)
+send({"ready": True})
+
+def answer(req):
+    if req.get("op") == "names":
+        out = {}
+        for n in req["names"]:
+            if n not in ns:
+                out[n] = ["missing"]
+            elif callable(ns[n]):
+                out[n] = ["f"]
+            else:
+                out[n] = ["v", enc(ns[n])]
+        return {"names": out}
+    args = [dec(a) for a in req["a"]]
+    kwargs = {k: dec(v) for k, v in req["k"].items()}
+    result = ns[req["n"]](*args, **kwargs)
+    after = [enc(a) if isinstance(a, (list, dict, set)) else None for a in args]
+    return {"v": enc(result), "a": after}
+
+while True:
+    line = _inbox.readline()
+    if not line:
+        _exit(0)
+    try:
+        reply = answer(_loads(line))
     except BaseException as e:
-        emit(k="test", i=i, error=describe(e))
+        reply = {"e": describe(e)}
+    try:
+        send(reply)
+    except BaseException as e:
+        send({"e": "the result cannot be sent: " + describe(e)})
+"""
+
+# Function tests, as published: the test code (reference text from the dataset) runs here, in the
+# harness's own interpreter inside the sandbox; every name it takes from the program is a proxy whose
+# calls go to the program's interpreter (PROGRAM_SERVER) and come back as plain data. Before the
+# program starts the harness deletes the spec from disk, makes itself undumpable (so the program, the
+# same uid, cannot read its memory or fds through /proc) and drops the writable work dir from
+# sys.path (so a module the program writes there is never imported by a test). It reports one
+# pass/fail per test; the program never sees the nonce, the spec or the report channel.
+CHECK_HARNESS = _PRELUDE + r"""
+import builtins, ctypes, select, signal, subprocess
+os.unlink("spec.json")
+sys.path[:] = [p for p in sys.path if p and not p.startswith(os.getcwd())]
+try:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+except Exception:
+    pass
+""" + CODEC + r"""
+_mono, _loads = time.monotonic, json.loads
+
+class Budget(BaseException):
+    pass
+
+class ProgramFault(Exception):
+    pass
+
+state = {"deadline": 0.0, "hard": 0.0}
+
+def _alarm(signum, frame):
+    if _mono() > state["hard"]:
+        emit(k="done", error="a test did not give control back after its time budget")
+        _exit(0)
+    raise Budget()
+
+signal.signal(signal.SIGALRM, _alarm)
+
+class Program:
+    # The program's interpreter; restarted after it dies or is killed for its time.
+    def __init__(self):
+        self.proc, self.buf, self.fatal = None, b"", None
+
+    def start(self, seconds):
+        self.proc = subprocess.Popen([sys.executable, "-B", "-I", "server.py"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        self.buf = b""
+        try:
+            first = self.recv(_mono() + seconds)
+        except ProgramFault as e:
+            first = {"fatal": str(e)}
+        self.fatal = first.get("fatal") if "ready" not in first else None
+        if self.fatal is not None:
+            self.kill()
+
+    def kill(self):
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait()
+            except Exception:
+                pass
+        self.proc = None
+
+    def recv(self, deadline):
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - _mono()
+            if left <= 0:
+                self.kill()
+                raise ProgramFault("the program ran past its time budget")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    self.kill()
+                    raise ProgramFault("the program's interpreter exited")
+                self.buf += chunk
+                if len(self.buf) > spec["out_cap"]:
+                    self.kill()
+                    raise ProgramFault("the program sent a value larger than %d bytes" % spec["out_cap"])
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            msg = _loads(line)
+        except ValueError:
+            msg = None
+        if type(msg) is not dict:
+            raise ProgramFault("the program sent an unreadable reply")
+        return msg
+
+    def ask(self, req):
+        if self.proc is None:
+            raise ProgramFault("the program is not running")
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            self.kill()
+            raise ProgramFault("the program's interpreter exited")
+        return self.recv(state["deadline"])
+
+program = Program()
+
+class Proxy:
+    # A name the test takes from the program: calling it calls the program's function.
+    def __init__(self, name):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        reply = program.ask({"op": "call", "n": self._name, "a": [enc(a) for a in args],
+                             "k": {str(k): enc(v) for k, v in kwargs.items()}})
+        if "e" in reply:
+            raise ProgramFault("%s raised %s" % (self._name, str(reply["e"])[:250]))
+        try:
+            value = dec(reply.get("v"))
+            after = reply.get("a") or []
+            for a, new in zip(args, after):
+                if new is not None and type(a) in (list, dict, set):
+                    new = dec(new)
+                    if type(new) is type(a) and new != a:
+                        a.clear()
+                        (a.extend if type(a) is list else a.update)(new)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ProgramFault("the program sent an unreadable value (%s)" % e)
+        return value
+
+    def __repr__(self):
+        return "<program function %s>" % self._name
+
+def bind(env, seconds):
+    # The program's names into a fresh test namespace: functions as proxies, other values rebuilt.
+    if program.fatal is not None:
+        raise ProgramFault(program.fatal)
+    if program.proc is None:
+        raise ProgramFault("the program was not restarted after it failed %d times" % (state["starts"] - 1))
+    state["deadline"] = _mono() + seconds
+    if spec["names"]:
+        names = program.ask({"op": "names", "names": spec["names"]}).get("names") or {}
+        for n in spec["names"]:
+            kind = names.get(n) or ["missing"]
+            if type(kind) is list and kind[0] == "f":
+                env[n] = Proxy(n)
+            elif type(kind) is list and kind[0] == "v" and len(kind) == 2:
+                env[n] = dec(kind[1])
+    if spec["entry_point"]:
+        env["candidate"] = Proxy(spec["entry_point"])
+
+def restart():
+    # A fresh interpreter for the next test after the program died or was killed (a few times at most).
+    if program.proc is None and program.fatal is None and state["starts"] <= spec["restarts"]:
+        state["starts"] += 1
+        program.start(spec["compile_s"] + spec["run_s"])
+        if program.fatal is not None:
+            emit(k="fatal", error=program.fatal)
+            _exit(0)
+
+def apps_equal(out, expected):
+    # APPS' own rule for call-based problems (testing_util.run_test).
+    if isinstance(out, tuple):
+        out = list(out)
+    ok = out == expected
+    if isinstance(expected, list) and expected:
+        ok = ok or out == expected[0]
+    return bool(ok)
+
+def run_test(test, env):
+    kind = test["kind"]
+    if kind == "call":
+        out = Proxy(spec["entry_point"])(*test["args"])
+        if not apps_equal(out, test["expected"]):
+            raise AssertionError("got %s" % repr(out)[:80])
+        return
+    exec(compile(test["code"], "<test %d>" % test["i"], "exec"), env)
+    if kind == "check":
+        env["check"](env["candidate"])
+
+setup = {"__name__": "__test__", "__builtins__": builtins}
+try:
+    exec(compile(spec["setup"], "<test setup>", "exec"), setup)
+except BaseException as e:
+    emit(k="fatal", error="the reference's setup code raised " + (type(e).__name__ + ": " + str(e))[:200])
+    _exit(0)
+state["starts"] = 0
+for test in spec["tests"]:
+    env, seconds = dict(setup), test["s"]
+    restart()
+    state["hard"] = _mono() + seconds + spec["hard_grace_s"]
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+        try:
+            bind(env, seconds)
+            run_test(test, env)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        emit(k="test", i=test["i"], ok=True)
+    except Budget:
+        program.kill()
+        emit(k="test", i=test["i"], ok=False, error="ran past its time budget")
+    except AssertionError as e:
+        emit(k="test", i=test["i"], ok=False, error=("assertion failed " + str(e))[:300])
+    except ProgramFault as e:
+        emit(k="test", i=test["i"], ok=False, error=str(e)[:300])
+    except BaseException as e:
+        emit(k="test", i=test["i"], ok=False, error=(type(e).__name__ + ": " + str(e))[:300])
+program.kill()
 emit(k="done")
 _exit(0)
-'''
+"""
 
 # stdin/stdout cases: the program runs in a forked child per case (a fresh copy of this harness, which
 # holds nothing secret), as ``__main__`` with the case's files as fds 0/1/2; this process never runs it.
