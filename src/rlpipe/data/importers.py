@@ -394,27 +394,27 @@ def _hf_datasets():
     return datasets if hasattr(datasets, "load_dataset") else None
 
 
-def _hub_rows(src: str, split: str | None) -> tuple[str, list[dict[str, Any]]]:
+def _hub_rows(src: str, split: str) -> list[dict[str, Any]]:
     datasets = _hf_datasets()
     if datasets is None:
         raise DataImportError(f"{src}: no such file or folder, and the `datasets` library is not installed to read it "
                               "from the hub; `pip install datasets`, or download the file and give its path")
     path = Path(src)
     try:
-        ds = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.load_dataset(src, split=split or "train")
+        ds = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.load_dataset(src, split=split)
     except Exception as e:  # noqa: BLE001 - hub, network and format errors all end the import the same way
         raise DataImportError(f"{src}: the `datasets` library could not load it ({type(e).__name__}: {e})") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise DataImportError(f"{src}: has splits {sorted(ds)}; choose one with --split")
+            raise DataImportError(f"{src}: has splits {sorted(ds)}, not {split!r}; choose one with --split")
         ds = ds[split]
-    return src, [dict(r) for r in ds]
+    return [dict(r) for r in ds]
 
 
-def read_source(src: str | Path, split: str | None = None) -> Iterator[tuple[Row, str | None]]:
+def read_source(src: str | Path, split: str | None = None, hub_split: str = "train") -> Iterator[tuple[Row, str | None]]:
     """Each row of SRC with the split its file name implies (None: unknown). SRC is a file, a folder of
     .json/.jsonl files (MATH's layout: each file's path is its row's id), a ``save_to_disk`` folder,
-    or a hub name (needs ``datasets``)."""
+    or a hub name (needs ``datasets``; the hub split read is ``split``, else ``hub_split``)."""
     path = Path(src)
     if path.is_file():
         for i, obj in enumerate(_file_objects(path)):
@@ -431,9 +431,8 @@ def read_source(src: str | Path, split: str | None = None) -> Iterator[tuple[Row
                     split_from_name(rel)
                 index += 1
     else:
-        where, objects = _hub_rows(str(src), split)
-        for i, obj in enumerate(objects):
-            yield Row(where, i + 1, i, obj), split_from_name(split or "") or split_from_name(str(src))
+        for i, obj in enumerate(_hub_rows(str(src), split or hub_split)):
+            yield Row(str(src), i + 1, i, obj), split_from_name(split or hub_split)
 
 
 # -- converting and writing ----------------------------------------------------------------------
@@ -459,7 +458,7 @@ def convert_rows(name: str, src: str | Path, split: str | None = None, limit: in
     if name not in FORMATS:
         raise DataImportError(f"unknown format {name!r}; use one of: {', '.join(FORMATS)}")
     fmt, out = FORMATS[name], []
-    for row, implied in read_source(src, split):
+    for row, implied in read_source(src, split, fmt.default_split or "train"):
         if limit is not None and len(out) >= limit:
             break
         if not isinstance(row.obj, dict):
