@@ -15,12 +15,17 @@ import threading
 from typing import Any
 
 from rlpipe.rewards.base import VerifyResult, register_verifier
+from rlpipe.rewards.math_forms import rewrite_forms, unit_of
 
-# math-verify's alarms take whole seconds. The verifier makes at most three parses (reference,
-# answer, answer's boxes joined) and two comparisons (plain, percent read as a label).
+# math-verify's alarms take whole seconds. The verifier makes at most 6 + MAX_BOXES parses (reference,
+# answer as plain text and as written, boxes joined, each of the last MAX_BOXES boxes, two hedged values)
+# and 4 + MAX_BOXES comparisons (plain, percent as a label, the imaginary unit, the hedged values, each box
+# with the last).
 PARSE_TIMEOUT_S = 2
 VERIFY_TIMEOUT_S = 3
-MATH_BUDGET_S = 3 * PARSE_TIMEOUT_S + 2 * VERIFY_TIMEOUT_S + 1.0
+MAX_BOXES = 6
+MATH_BUDGET_S = (6 + MAX_BOXES) * PARSE_TIMEOUT_S + (4 + MAX_BOXES) * VERIFY_TIMEOUT_S + 1.0
+TWO_ANSWERS = "the response states two different final answers"
 FLOAT_ROUNDING = 10  # decimals agree when equal after rounding to 10 places
 NUMERIC_PRECISION = 15
 
@@ -40,21 +45,27 @@ class _BadReference(ValueError):
     """The row's ground truth cannot be judged against: the fault is the dataset's, not the model's."""
 
 
-def boxed_contents(response: str) -> list[str]:
-    """Every top-level ``\\boxed{…}`` / ``\\fbox{…}`` content in order (an unclosed last box runs to the end)."""
+def box_spans(response: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every top-level ``\\boxed{…}`` / ``\\fbox{…}`` in order (an unclosed last box
+    runs to the end)."""
     out, pos = [], 0
     while (m := _BOXED.search(response, pos)) is not None:
         i, depth = m.end(), 1
         for j in range(i, len(response)):
             depth += {"{": 1, "}": -1}.get(response[j], 0)
             if depth == 0:
-                out.append(response[i:j].strip())
+                out.append((m.start(), j + 1, response[i:j].strip()))
                 pos = j + 1
                 break
         else:
-            out.append(response[i:].strip())
+            out.append((m.start(), len(response), response[i:].strip()))
             break
     return out
+
+
+def boxed_contents(response: str) -> list[str]:
+    """Every top-level ``\\boxed{…}`` / ``\\fbox{…}`` content in order (an unclosed last box runs to the end)."""
+    return [content for _, _, content in box_spans(response)]
 
 
 def final_answer(response: str) -> str:
@@ -106,7 +117,7 @@ def _comma_lists(text: str) -> str:
 
 def _normalize(text: str) -> str:
     """The text fixes applied to both the reference and the answer before math-verify parses them."""
-    text = _comma_lists(_join_digit_groups(text))
+    text = _comma_lists(rewrite_forms(_join_digit_groups(text)))
     return _ON_THE_HOUR.sub(r"\1", _UPRIGHT_E.sub("e", text))
 
 
@@ -202,7 +213,7 @@ def _n_elements(x: Any) -> int:
 # a few function names (``2x+1``, ``x^2+1``, ``sqrt(2)/2``). Prose has longer words and is left alone.
 _MATHLIKE = re.compile(r"(?:[\d.,+\-*/^()\[\]{}<>=| ]|\b[a-zA-Z]\b|(?<![a-zA-Z])[a-zA-Z](?=[\d(^_ +\-*/)]|$)|"
                        r"sqrt|pi|log|ln|sin|cos|tan|exp|infty|inf|\\[a-zA-Z]+)+")
-_ANSWER_IS = re.compile(r"(?:answer|result)\s*(?:is|:|=)\s*", re.I)
+_ANSWER_IS = re.compile(r"(?:answer|result|solution(?: set)?)\s*(?:is|:|=)\s*", re.I)
 
 
 def _plain_candidate(text: str) -> str | None:
@@ -214,11 +225,11 @@ def _plain_candidate(text: str) -> str | None:
     return cand if cand and _MATHLIKE.fullmatch(cand) else None
 
 
-def _parse_answer(response: str, gold: Any) -> Any | None:
-    """The model's answer. Where the reference holds several answers and math-verify read one (it keeps
-    only the last box unless boxes are adjacent or joined by "and"/","), all the boxes are read as one list.
-    A plain-text answer that reads as math (``2x+1``, ``x^2+1``) is parsed as LaTeX, as references are."""
-    text = _normalize(response)
+def _parse_answer(text: str, gold: Any) -> Any | None:
+    """The model's answer in the normalised response. Where the reference holds several answers and
+    math-verify read one (it keeps only the last box unless boxes are adjacent or joined by "and"/","), all
+    the boxes are read as one list. A plain-text answer that reads as math (``2x+1``, ``x^2+1``) is parsed as
+    LaTeX, as references are."""
     cand = _plain_candidate(text)
     pred = _parse(f"${cand}$", answer_side=True) if cand else None
     pred = pred if pred is not None else _parse(text, answer_side=True)
@@ -229,22 +240,95 @@ def _parse_answer(response: str, gold: Any) -> Any | None:
     return pred
 
 
-_UNIT = re.compile(r"\\(?:text|mathrm|mbox|textrm)\s*\{\s*([A-Za-z][A-Za-z ]*?)\s*\}")
+# ---- the two-answers rule (see the ``math`` docstring) ----------------------------------------------------
+
+# Between two boxes: words that make the later box a correction of the earlier one ("wait, actually …").
+_CORRECTION = re.compile(r"\b(?:wait|actually|correct(?:ion|ed|ing)?|mistake|error|instead|on (?:second thought|"
+                         r"reflection)|re-?(?:comput|calculat)\w*|(?:was|is) wrong|scratch that)\b", re.I)
+# After the last box: words that reject it ("Is \boxed{4} possible? No, 4 is extraneous").
+_REJECTION = re.compile(r"\b(?:no|not|fails?|wrong|incorrect|extraneous|reject\w*|discard\w*|impossible|"
+                        r"invalid)\b", re.I)
+# A self-check heading ("Check:", "Let me verify:", "Sanity check:") at the start of a sentence or line.
+_CHECK = re.compile(r"(?:^|(?<=[.!?]))[ \t]*(?:\*\*)?(?:let(?:'s| me| us)\s+)?(?:double[- ]?check|sanity check|"
+                    r"check|verify|verification)(?:ing)?(?:\*\*)?\s*:", re.I | re.M)
+# The sentence before a check states a value ("x = 5.", "The answer is 3.", "Answer: 7", "… is 15.").
+_STATES_VALUE = re.compile(r"(?:\bis\b|\bare\b|=|:)\s*\$?\s*[-+(\\\d]")
+_STATES_ANSWER = re.compile(r"(?:answer|result)\s*(?:is|:|=)|\\boxed|\\fbox", re.I)
+_TEXT_OR = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*or\s*\}")
+# One value on either side of "or": $…$, \(…\), "x = 3", a fraction or a number.
+_VALUE = (r"(\$[^$]+\$|\\\((?:(?!\\\)).)+\\\)|(?:[a-zA-Z]\s*=\s*)?[-+]?(?:\\[dt]?frac\{[^{}]*\}\{[^{}]*\}|"
+          r"\d+(?:\.\d+)?(?:/\d+)?))")
+_HEDGE = re.compile(_VALUE + r"[\s,;)]*\(?\s*\bor\b\s*\(?\s*(?:(?:maybe|possibly|perhaps|else|even|rather)\s+)*"
+                    + _VALUE, re.I)
 
 
-def _unit(text: str) -> str | None:
-    """The last unit word written as ``\\text{…}`` in ``text`` (``cm``, ``meters`` → ``meter``), else None."""
-    words = [w for w in _UNIT.findall(text) if w.strip().lower() != "e"]  # \mathrm{e} is Euler's number
-    if not words:
-        return None
-    w = words[-1].lower()
-    return w[:-1] if w.endswith("s") and len(w) > 3 else w
+def _drop_self_check(text: str) -> str:
+    """The response without a trailing self-check: from the first check heading that follows a stated value
+    ("x = 5. Check: …") and after which no answer is stated (no box, no "the answer is"), the text is the
+    model checking its answer, not giving one."""
+    for m in _CHECK.finditer(text):
+        before, after = text[: m.start()], text[m.start():]
+        last = re.split(r"(?<=[.!?])\s+|\n+", before.strip())[-1]
+        if _STATES_VALUE.search(last) and not _STATES_ANSWER.search(after):
+            return before
+    return text
+
+
+def _box_verdict(text: str, multi: bool) -> tuple[str, Any]:
+    """Several boxes with different values against a one-answer reference: ``("two", None)`` when the
+    response states both, ``("last", value)`` when words between them correct the earlier one and nothing
+    after the last rejects it; ``("", None)`` when the boxes agree or the reference holds several answers."""
+    if multi:
+        return "", None
+    vals = [(s, e, _parse(f"${c}$", answer_side=True)) for s, e, c in box_spans(text)[-MAX_BOXES:] if c]
+    vals = [v for v in vals if v[2] is not None]
+    if len(vals) < 2:
+        return "", None
+    start, end, last = vals[-1]
+    differ = [e for _, e, v in vals[:-1] if not _same(v, last)]
+    # "… = \boxed{200} … = \boxed{255} … The final answer is 10,455": boxed steps, then the answer stated.
+    if not differ or _ANSWER_IS.search(text[end:]):
+        return "", None
+    if _CORRECTION.search(text[differ[-1]:start]) and not _REJECTION.search(text[end:]):
+        return "last", last
+    return "two", None
+
+
+def _final_span(text: str) -> str:
+    """Where the response states its answer: after the last "the answer is" or in the last box, whichever
+    comes later, else the last sentence."""
+    boxes = box_spans(text)
+    phrase = [m.end() for m in _ANSWER_IS.finditer(text)]
+    if phrase and (not boxes or phrase[-1] > boxes[-1][1]):
+        return text[phrase[-1]:]
+    if boxes:
+        return boxes[-1][2]
+    return re.split(r"(?<=[.!?])\s+|\n+", text.strip())[-1]
+
+
+def _hedge_verdict(text: str, multi: bool) -> tuple[str, Any]:
+    """Values joined by "or" in the final statement ("3 or 4", "x = 3 or x = 4", "10, or maybe 12"): when they
+    differ, ``("two", None)`` against a one-answer reference, ``("list", values)`` against a reference that
+    holds several; ``("", None)`` when there is no hedge or its values are one value."""
+    span, values = _TEXT_OR.sub(" or ", _final_span(text)), []
+    for m in _HEDGE.finditer(span):
+        values += [m.group(1)] if not values else []
+        values.append(m.group(2))
+    values = [re.sub(r"^\$|\$$|^\\\(|\\\)$", "", v).strip() for v in values]
+    parsed = [_parse(f"${v}$", answer_side=True) for v in values[:2]]
+    if len(values) < 2 or None in parsed or _same(parsed[0], parsed[1]):
+        return "", None
+    if not multi:
+        return "two", None
+    joined = _parse("$" + ", ".join(values) + "$", answer_side=True)
+    return ("list", joined) if joined is not None else ("", None)
 
 
 def _units_differ(response: str, ground_truth: str) -> bool:
-    """Both sides name a unit and not the same one: math-verify drops units, so 5 m would match 5 cm."""
+    """Both sides name a unit and not the same one: math-verify drops units, so 5 m would match 5 km.
+    Units are compared spelled one way (:func:`~rlpipe.rewards.math_forms.unit_of`): mph = miles per hour."""
     boxes = boxed_contents(response)
-    a, g = _unit(boxes[-1] if boxes else response), _unit(ground_truth)
+    a, g = unit_of(boxes[-1] if boxes else response), unit_of(ground_truth)
     return a is not None and g is not None and a != g
 
 
@@ -257,18 +341,46 @@ def _percent_value(x: Any) -> Any:
     return x
 
 
-def _equal(gold: Any, pred: Any) -> bool:
-    """math-verify's comparison, then the percent-as-label reading (see the ``math`` docstring)."""
+def _same(g: Any, p: Any) -> bool:
+    """math-verify's comparison with rlpipe's settings (raises its TimeoutException / errors)."""
     from math_verify import verify
 
-    def same(g: Any, p: Any) -> bool:
-        return verify(g, p, float_rounding=FLOAT_ROUNDING, numeric_precision=NUMERIC_PRECISION, strict=True,
-                      allow_set_relation_comp=True, timeout_seconds=_alarm_s(VERIFY_TIMEOUT_S), raise_on_error=True)
+    return verify(g, p, float_rounding=FLOAT_ROUNDING, numeric_precision=NUMERIC_PRECISION, strict=True,
+                  allow_set_relation_comp=True, timeout_seconds=_alarm_s(VERIFY_TIMEOUT_S), raise_on_error=True)
 
-    if same(gold, pred):
+
+def _is_probability(x: Any) -> bool:
+    """A number in [0, 1]: where ``p%`` read as the label ``p`` would name another probability."""
+    try:
+        return bool(x.is_number and 0 <= x <= 1)
+    except (AttributeError, TypeError):
+        return False
+
+
+def _with_imaginary_unit(x: Any) -> Any:
+    """The symbol ``i`` as sympy's imaginary unit (math-verify parses ``i^2`` as a variable squared)."""
+    from sympy import I
+
+    found = [s for s in getattr(x, "free_symbols", ()) if s.name == "i"]
+    return x.subs(found[0], I) if found else x
+
+
+def _only_symbol_i(*xs: Any) -> bool:
+    names = {s.name for x in xs for s in getattr(x, "free_symbols", ())}
+    return names == {"i"}
+
+
+def _equal(gold: Any, pred: Any) -> bool:
+    """math-verify's comparison, then the percent-as-label reading, then ``i`` as the imaginary unit (see the
+    ``math`` docstring)."""
+    if _same(gold, pred):
         return True
     g, p = _percent_value(gold), _percent_value(pred)
-    return (g is not gold or p is not pred) and same(g, p)
+    # 0.25% is 0.0025: read as a label it would equal the probability 0.25, so not against a probability.
+    if (g is not gold or p is not pred) and not (g is gold and _is_probability(gold)) and _same(g, p):
+        return True
+    # i is the imaginary unit where it is the only letter on both sides (MARIO's rule): i^2 = -1.
+    return _only_symbol_i(gold, pred) and _same(_with_imaginary_unit(gold), _with_imaginary_unit(pred))
 
 
 @register_verifier("math", version="2", budget_s=MATH_BUDGET_S, check_reference=check_math_reference)
@@ -338,7 +450,7 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
         return VerifyResult(None, "error", str(e))
     if not response or not response.strip():
         return VerifyResult(0.0, "ok", "empty answer")
-    if _units_differ(response, str(ground_truth)):
+    if _units_differ(_normalize(response), _normalize(str(ground_truth))):
         return VerifyResult(0.0, "ok", "the answer's unit differs from the reference's")
     return _judge(response, gold)
 
@@ -348,7 +460,12 @@ def _judge(response: str, gold: Any) -> VerifyResult:
     from math_verify.errors import TimeoutException
 
     try:
-        pred = _parse_answer(response, gold)
+        text = _drop_self_check(_normalize(response))
+        multi = _n_elements(gold) > 1
+        boxes, hedge = _box_verdict(text, multi), _hedge_verdict(text, multi)
+        if "two" in (boxes[0], hedge[0]):
+            return VerifyResult(0.0, "ok", TWO_ANSWERS)
+        pred = hedge[1] if hedge[0] == "list" else boxes[1] if boxes[0] == "last" else _parse_answer(text, gold)
         if pred is None:
             return VerifyResult(0.0, "ok", "no answer found in the response")
         return VerifyResult(float(_equal(gold, pred)), "ok")
