@@ -147,6 +147,23 @@ def test_preference_formats_validated_by_the_preference_loader(tmp_path):
     assert [(f.row, f.field) for f in res.findings] == [("hh-rlhf/test-2", "chosen")] and res.rows == 3
 
 
+def test_ultrafeedback_original_rows_pair_the_best_with_the_worst(tmp_path):
+    """openbmb/UltraFeedback's own layout: four scored completions per instruction (values written here)."""
+    def completion(model, response, score):
+        return {"annotations": {}, "critique": "", "custom_system_prompt": "", "fine-grained_score": score,
+                "model": model, "overall_score": score, "principle": "helpfulness", "response": response}
+    row = {"source": "evol_instruct", "instruction": "Name a colour of the sky.", "models": ["a", "b", "c", "d"],
+           "completions": [completion("a", "Blue.", 7.5), completion("b", "Green.", 2.0),
+                           completion("c", "Blue, by day.", 8.5), completion("d", "Grey.", 5.0)],
+           "correct_answers": ["None"], "incorrect_answers": ["None"]}
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(row | {"completions": row["completions"][:1]}) + "\n")
+    with pytest.raises(DataImportError, match="train.jsonl row 2: completions: fewer than two scored completions"):
+        convert_rows("ultrafeedback", tmp_path / "train.jsonl")
+    pair = convert_rows("ultrafeedback", tmp_path / "train.jsonl", limit=1)[0]
+    assert (pair["prompt"], pair["chosen"], pair["rejected"], pair["margin"]) == ("Name a colour of the sky.", "Blue, by day.", "Green.", 6.5)
+    assert (pair["id"], pair["split"], pair["source"]) == ("ultrafeedback/train-0", "train", "openbmb/UltraFeedback")
+
+
 def test_cli_writes_validates_and_prints_the_version(tmp_path):
     out = tmp_path / "gsm8k.parquet"
     res = CliRunner().invoke(app, ["data", "import", "gsm8k", str(PUB / "gsm8k_test.jsonl"), "--out", str(out),

@@ -16,7 +16,9 @@ converts each row by its format (:data:`FORMATS`). What each format keeps:
 - ``ultrafeedback``, ``hh-rlhf``: preference pairs, read and validated by :mod:`rlpipe.data.preferences`.
 
 Every row gets a stable id (``humaneval/HumanEval-0``, ``gsm8k/train-12``: the row's 0-based index in
-its file when the format has no id of its own), a split and a source. A row that cannot be converted
+its file when the format has no id of its own), a source, and a split: ``--split``, else the one the
+file, folder or hub split name says (``test.jsonl``, ``train_prefs``), else MBPP's own split by task id,
+else the format's default (``test`` for HumanEval and MATH, ``train`` otherwise). A row that cannot be converted
 stops the import with an error naming the file, the row (1-based) and the field, and the fix: rows are
 never dropped silently.
 """
@@ -49,9 +51,9 @@ class DataImportError(ValueError):
 class RowError(ValueError):
     """Raised by a converter: what is wrong with one field of the row it was given."""
 
-    def __init__(self, field: str, problem: str, fix: str):
-        super().__init__(f"{field}: {problem} — {fix}")
-        self.field, self.problem, self.fix = field, problem, fix
+    def __init__(self, name: str, problem: str, fix: str):
+        super().__init__(f"{name}: {problem} — {fix}")
+        self.field, self.problem, self.fix = name, problem, fix
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,7 @@ class Row:
 @dataclass(frozen=True)
 class Format:
     kind: str  # "prompts" | "preferences"
-    source: str  # the dataset's canonical name, recorded in each row's `source`
-    default_split: str
+    default_split: str  # "": none (MBPP splits by task id)
     convert: Callable[[Row, str], dict[str, Any]]
 
 
@@ -163,7 +164,7 @@ HUMANEVAL_INSTRUCTION = ("Complete the Python function below. Reply with the who
 STDIO_INSTRUCTION = "Write a Python 3 program that reads the input from standard input and prints the answer."
 
 
-def _helpers(prompt: str, entry_point: str, where: str) -> str:
+def _helpers(prompt: str, entry_point: str) -> str:
     """The imports and top-level definitions of a HumanEval prompt other than the entry point, as source."""
     try:
         tree = ast.parse(prompt)
@@ -188,7 +189,7 @@ def _humaneval(row: Row, split: str) -> dict[str, Any]:
     if not re.search(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", prompt, re.M):
         raise RowError("entry_point", f"{entry!r} is not defined by the prompt", "give the row as published")
     truth: dict[str, Any] = {"test": test, "entry_point": entry}
-    setup = _helpers(prompt, entry, row.where)
+    setup = _helpers(prompt, entry)
     if setup:
         truth["test_setup_code"] = setup
     body = prompt + ("" if prompt.endswith("\n") else "\n")
@@ -330,14 +331,14 @@ def _hh_rlhf(row: Row, split: str) -> dict[str, Any]:
 
 
 FORMATS: dict[str, Format] = {
-    "gsm8k": Format("prompts", "openai/gsm8k", "train", _gsm8k),
-    "math": Format("prompts", "hendrycks/math", "test", _math),
-    "humaneval": Format("prompts", "openai/humaneval", "test", _humaneval),
-    "mbpp": Format("prompts", "google-research/mbpp", "", _mbpp),  # "": MBPP's own split by task id
-    "apps": Format("prompts", "codeparrot/apps", "train", _apps),
-    "codecontests": Format("prompts", "deepmind/code_contests", "train", _codecontests),
-    "ultrafeedback": Format("preferences", "HuggingFaceH4/ultrafeedback_binarized", "train", _ultrafeedback),
-    "hh-rlhf": Format("preferences", "Anthropic/hh-rlhf", "train", _hh_rlhf),
+    "gsm8k": Format("prompts", "train", _gsm8k),
+    "math": Format("prompts", "test", _math),
+    "humaneval": Format("prompts", "test", _humaneval),
+    "mbpp": Format("prompts", "", _mbpp),
+    "apps": Format("prompts", "train", _apps),
+    "codecontests": Format("prompts", "train", _codecontests),
+    "ultrafeedback": Format("preferences", "train", _ultrafeedback),
+    "hh-rlhf": Format("preferences", "train", _hh_rlhf),
 }
 
 
