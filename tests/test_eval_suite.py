@@ -23,16 +23,15 @@ def pool():
 
 
 def test_shipped_samples_validate_and_their_reference_solutions_pass(pool):
-    """Each shipped sample row, judged on its own reference solution the way the suite judges a response (template
-    aside: prefix_prompt and stop strings applied), scores 1 — the sample files and their verifiers agree."""
+    """Each shipped sample row, judged on its own reference solution (stop strings applied, as to a response),
+    scores 1: the sample files and their verifiers agree."""
     from rlpipe.rewards.pool import VerifyItem
 
     for b in load_suite(",".join(SHIPPED)):
         rows, version = benchmark_rows(b)
         assert 3 <= len(rows) <= 5 and len(version) == 64 and b.prompts.endswith(f"{b.name}.sample.jsonl")
         assert b.sampling is not None and b.sampling.k == [1, 5, 10] and b.sampling.n == 10 and b.greedy
-        items = [VerifyItem(r["task"], (r["prompt"] if b.prefix_prompt else "") + cut_at_stop(r["solution"], b.stop)[0],
-                            r["ground_truth"]) for r in rows]
+        items = [VerifyItem(r["task"], cut_at_stop(r["solution"], b.stop)[0], r["ground_truth"]) for r in rows]
         verdicts = pool.score(items)
         assert [(v.status, v.reward) for v in verdicts] == [("ok", 1.0)] * len(rows), (b.name, verdicts)
         if b.task == "code":  # the plain {"tests": [...]} form of the code verifier

@@ -66,11 +66,8 @@ class Benchmark(_Strict):
                           "(replaced as text, so LaTeX braces elsewhere need no escaping).")
     system_prompt: Optional[str] = Field(None, description="A system message (chat); a preamble before the text otherwise.")
     chat: Optional[bool] = Field(None, description="Render through the model's chat template; null: when the tokenizer has one.")
-    stop: list[str] = Field([], description="Cut each response at the first of these strings before judging "
-                            "(HumanEval's '\\ndef ', …); the model still generated the tokens counted in mean_len.")
-    prefix_prompt: bool = Field(False, description="Judge the row's prompt followed by the response (completion-style "
-                                "code: the prompt holds the signature, the model writes the body). A fenced block in "
-                                "the response still wins: the code verifier takes the last one.")
+    stop: list[str] = Field([], description="Cut each response at the first of these strings before judging (a base "
+                            "model that runs on into the next question); mean_len still counts the tokens generated.")
 
     @model_validator(mode="after")
     def _measures_something(self) -> "Benchmark":
@@ -241,8 +238,7 @@ def run_benchmark(engine: Any, pool: Any, prepared: PreparedBenchmark) -> dict[s
     flat = [(kind, i, j, c) for kind, outs in runs for i, per in enumerate(outs) for j, c in enumerate(per)]
     texts = [cut_at_stop(c.text, b.stop) for _, _, _, c in flat]
     refs = [r["ground_truth"] if r["ground_truth"] is not None else r["tests"] for r in rows]
-    verdicts = pool.score([VerifyItem(rows[i]["task"], (rows[i]["prompt"] if b.prefix_prompt else "") + t, refs[i])
-                           for (_, i, _, _), (t, _) in zip(flat, texts)])
+    verdicts = pool.score([VerifyItem(rows[i]["task"], t, refs[i]) for (_, i, _, _), (t, _) in zip(flat, texts)])
     judged = {kind: [[] for _ in rows] for kind, _ in runs}
     table = []
     for (kind, i, j, c), (t, stopped), v in zip(flat, texts, verdicts):

@@ -65,7 +65,11 @@ def test_every_deployment_default_is_a_valid_parameter_set():
         if name == "train":  # the RL run starts from the SFT base, never from an untrained model
             assert params["config"].task.policy_model == "models:/rlpipe-arithmetic@base"
     nightly = deps["evaluate-nightly"]
-    assert nightly["schedules"][0]["cron"] == "0 3 * * *" and nightly["parameters"]["promote_to"] is None
+    assert nightly["schedules"][0]["cron"] == "0 3 * * *" and nightly["entrypoint"] == "flows/evaluate.py:evaluate_suite"
+    assert nightly["parameters"]["suite"] == ["gsm8k", "math500", "humaneval", "mbpp"]
+    from rlpipe.eval_suite import load_suite
+
+    assert [b.name for b in load_suite(nightly["parameters"]["suite"], nightly["parameters"]["overrides"])] == nightly["parameters"]["suite"]
     trigger = deps["evaluate-on-registration"]["triggers"][0]
     assert trigger["expect"] == ["rlpipe.checkpoint.registered"] and trigger["parameters"]["model"] == "{{ event.payload.model_uri }}"
 

@@ -67,7 +67,8 @@ def test_nightly_schedule_and_registration_trigger(tiny_checkpoint, tmp_path):
         assert len(runs) >= 3 and all((t.hour, t.minute, t.utcoffset().total_seconds()) == (3, 0, 0) for t in starts), starts
         assert all((b - a).days == 1 for a, b in zip(starts, starts[1:])), starts
         assert {r["state"]["type"] for r in runs} == {"SCHEDULED"}
-        assert runs[0]["parameters"] == {"model": "models:/rlpipe-arithmetic@best", "split": "test", "baseline": "base", "promote_to": None}
+        assert runs[0]["parameters"] == {"model": "models:/rlpipe-arithmetic@best", "suite": ["gsm8k", "math500", "humaneval", "mbpp"],
+                                         "overrides": [], "experiment": "rlpipe-evals"}
 
         # The trigger: a registration's event starts evaluate on that version, which a worker runs.
         data = own_answers_task(tmp_path / "own.jsonl", tiny_checkpoint)
