@@ -17,7 +17,8 @@ plain data (tagged JSON: builtins, ``Fraction``, ``Decimal``, ``Counter``, ``Ord
 ``range``; subclasses as their base type's value; iterators, generators, ``map``/``filter``/``zip``
 and dict views materialised as lists; anything else, e.g. a regex match or the program's own class,
 is "not a plain value" and fails that test). A list, dict or set argument the function mutates comes
-back mutated. The harness rebuilds real values and evaluates the test on them, so a result cannot
+back mutated. Setup code that builds objects of the program's own classes runs in the program's
+interpreter; the test holds them as handles it can only pass back to the program. The harness rebuilds real values and evaluates the test on them, so a result cannot
 carry ``__eq__``, ``__bool__`` or any other code into the comparison. Each test has its own budget
 (``test_s``; ``check_s`` for a whole HumanEval ``check``); a program that hangs is killed and, at
 most ``RESTARTS`` times, started afresh for the next test.
@@ -206,6 +207,8 @@ def _run_tests(program: str, ref: Ref, b: dict[str, float]) -> tuple[list[bool],
             "compile_s": b["compile_s"], "run_s": b["run_s"], "hard_grace_s": HARD_GRACE_S, "out_cap": TEST_OUT_CAP,
             "restarts": RESTARTS}
     files = {"solution.py": program, "spec.json": json.dumps(spec), "server.py": PROGRAM_SERVER}
+    if ref.program_setup:
+        files["setup.py"] = ref.program_setup
     out_bytes = min(len(tests) * 1024 + 8192, 8 << 20)
     res, records = _sandbox(CHECK_HARNESS, files, _harness_budget(ref, b), out_bytes)
     if isinstance(res, VerifyResult):

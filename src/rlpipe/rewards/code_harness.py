@@ -133,21 +133,36 @@ try:
 except BaseException as e:
     send({"fatal": describe(e)})
     _exit(0)
+if os.path.exists("setup.py"):
+    # The test's setup code that builds objects from the program's classes (MBPP's test_setup_code):
+    # it runs here, after the program; what it binds reaches the test as handles.
+    try:
+        exec(compile(open("setup.py").read(), "<test setup>", "exec"), ns)
+    except BaseException as e:
+        send({"fatal": "the test's setup code raised " + describe(e)})
+        _exit(0)
 send({"ready": True})
+
+def name_kind(n):
+    if n not in ns:
+        return ["missing"]
+    if callable(ns[n]) and not isinstance(ns[n], type):
+        return ["f"]
+    try:
+        return ["v", enc(ns[n])]
+    except (TypeError, ValueError):
+        return ["h"]
+
+def arg(a):
+    if type(a) is list and len(a) == 2 and a[0] == "H" and type(a[1]) is str:
+        return ns[a[1]]
+    return dec(a)
 
 def answer(req):
     if req.get("op") == "names":
-        out = {}
-        for n in req["names"]:
-            if n not in ns:
-                out[n] = ["missing"]
-            elif callable(ns[n]):
-                out[n] = ["f"]
-            else:
-                out[n] = ["v", enc(ns[n])]
-        return {"names": out}
-    args = [dec(a) for a in req["a"]]
-    kwargs = {k: dec(v) for k, v in req["k"].items()}
+        return {"names": {n: name_kind(n) for n in req["names"]}}
+    args = [arg(a) for a in req["a"]]
+    kwargs = {k: arg(v) for k, v in req["k"].items()}
     result = ns[req["n"]](*args, **kwargs)
     after = [enc(a) if isinstance(a, (list, dict, set)) else None for a in args]
     return {"v": enc(result), "a": after}
@@ -265,14 +280,26 @@ class Program:
 
 program = Program()
 
+class Handle:
+    # An object of the program's that the test's setup built in the program's interpreter (e.g. a tree of
+    # the program's Node class): the test can only pass it back to the program's functions.
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return "<program object %s>" % self._name
+
+def enc_arg(a):
+    return ["H", a._name] if isinstance(a, Handle) else enc(a)
+
 class Proxy:
     # A name the test takes from the program: calling it calls the program's function.
     def __init__(self, name):
         self._name = name
 
     def __call__(self, *args, **kwargs):
-        reply = program.ask({"op": "call", "n": self._name, "a": [enc(a) for a in args],
-                             "k": {str(k): enc(v) for k, v in kwargs.items()}})
+        reply = program.ask({"op": "call", "n": self._name, "a": [enc_arg(a) for a in args],
+                             "k": {str(k): enc_arg(v) for k, v in kwargs.items()}})
         if "e" in reply:
             raise ProgramFault("%s raised %s" % (self._name, str(reply["e"])[:250]))
         try:
@@ -306,6 +333,8 @@ def bind(env, seconds):
                 env[n] = Proxy(n)
             elif type(kind) is list and kind[0] == "v" and len(kind) == 2:
                 env[n] = dec(kind[1])
+            elif type(kind) is list and kind[0] == "h":
+                env[n] = Handle(n)
     if spec["entry_point"]:
         env["candidate"] = Proxy(spec["entry_point"])
 

@@ -5,7 +5,8 @@ other key is an error (a key nothing reads would otherwise be silently ignored):
 
 - ``tests``: a list of Python snippets, each one test (MBPP's ``test_list``; usually one ``assert``).
   Optional ``test_setup_code`` (a string) and ``test_imports`` (a list of import lines) run before
-  them, in the test's namespace — MBPP's own fields. A bare JSON list is ``{"tests": [...]}``.
+  them, in the test's namespace — MBPP's own fields. Setup code that uses the program's names (a
+  tree of the program's ``Node`` class) runs in the program's interpreter instead, after the program. A bare JSON list is ``{"tests": [...]}``.
 - ``test`` + ``entry_point``: HumanEval's published test, code that defines ``check(candidate)``;
   ``check`` is called with the program's ``entry_point`` function. One test: it passes or not.
   ``test_setup_code`` works here too (the prompt's helper functions, e.g. HumanEval/32's ``poly``).
@@ -53,7 +54,8 @@ class Ref:
     kind: str  # "tests" | "io"
     tests: tuple[Test, ...] = ()
     cases: tuple[tuple[str, str], ...] = ()
-    setup: str = ""
+    setup: str = ""  # runs in the test's interpreter
+    program_setup: str = ""  # setup code that uses the program's names: runs in the program's interpreter
     entry_point: str | None = None
     names: tuple[str, ...] = ()  # the names the tests take from the program
 
@@ -82,7 +84,10 @@ def _free_names(src: str) -> set[str]:
     return used - bound - _BUILTIN_NAMES
 
 
-def _setup(spec: dict[str, Any]) -> str:
+def _setup(spec: dict[str, Any]) -> tuple[str, str]:
+    """(setup for the test's interpreter, setup for the program's). Setup code that uses a name only the
+    program defines (MBPP builds trees of the program's ``Node`` class) runs after the program, in its
+    interpreter; the objects it binds reach the test as handles it can pass back to the program."""
     imports = spec.get("test_imports") or []
     setup = spec.get("test_setup_code") or ""
     if not isinstance(imports, list) or not all(isinstance(x, str) for x in imports):
@@ -90,9 +95,12 @@ def _setup(spec: dict[str, Any]) -> str:
     if not isinstance(setup, str):
         raise RefError('"test_setup_code" must be a string of Python code')
     text = "\n".join([*imports, setup]).strip()
-    if text:
-        _compiles(text, "the test setup code")
-    return text
+    if not text:
+        return "", ""
+    _compiles(text, "the test setup code")
+    if _free_names(text):
+        return "\n".join(imports), text
+    return text, ""
 
 
 def _entry_point(spec: dict[str, Any]) -> str | None:
@@ -111,7 +119,7 @@ def _names(sources: list[str], setup: str, entry_point: str | None) -> tuple[str
 
 
 def _function_tests(spec: dict[str, Any]) -> Ref:
-    setup, ep = _setup(spec), _entry_point(spec)
+    (setup, in_program), ep = _setup(spec), _entry_point(spec)
     if "test" in spec:
         if "tests" in spec or not isinstance(spec["test"], str):
             raise RefError('"test" is one string of test code (HumanEval); give either it or "tests", not both')
@@ -120,8 +128,8 @@ def _function_tests(spec: dict[str, Any]) -> Ref:
         tree = _compiles(spec["test"], "the test code")
         if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body):
             raise RefError('the test code does not define `check(candidate)`; give a list of asserts as "tests" instead')
-        return Ref("tests", tests=(Test("check", spec["test"]),), setup=setup, entry_point=ep,
-                   names=_names([spec["test"]], setup, ep))
+        return Ref("tests", tests=(Test("check", spec["test"]),), setup=setup, program_setup=in_program,
+                   entry_point=ep, names=_names([spec["test"]], setup, ep))
     tests = spec.get("tests")
     if not isinstance(tests, list) or not tests:
         raise RefError('no tests: give {"tests": ["assert f(1) == 2", ...]} (non-empty), {"test": ..., '
@@ -134,8 +142,8 @@ def _function_tests(spec: dict[str, Any]) -> Ref:
         _compiles(t, f"test {i}")
         if not _free_names(f"{setup}\n{t}"):
             raise RefError(f"test {i} uses none of the program's names, so any program passes it: {t[:80]!r}")
-    return Ref("tests", tests=tuple(Test("assert", t) for t in tests), setup=setup, entry_point=ep,
-               names=_names(tests, setup, ep))
+    return Ref("tests", tests=tuple(Test("assert", t) for t in tests), setup=setup, program_setup=in_program,
+               entry_point=ep, names=_names(tests, setup, ep))
 
 
 def _apps_text(x: Any, what: str) -> str:
@@ -232,5 +240,7 @@ def undefined_names(ground_truth: str | None, program: str) -> list[str]:
     have = defined_names(program)
     if have is None:
         return []
+    have |= defined_names(ref.program_setup) or set() if ref.program_setup else set()
     wanted = set(ref.names) | ({ref.entry_point} if ref.entry_point else set())
+    wanted |= _free_names(ref.program_setup) if ref.program_setup else set()
     return sorted(wanted - have)
