@@ -46,7 +46,7 @@ def test_boxed_answer_balances_braces(text, answer):
     assert boxed_answer(text) == answer
 
 
-def test_math_from_the_answer_field_and_from_the_last_box():
+def test_math_from_the_answer_field_and_from_the_last_box(tmp_path):
     m500 = _by_id(convert_rows("math", PUB / "math500_test.jsonl"))
     assert m500["math/test/precalculus/807"]["ground_truth"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
     assert m500["math/test/number_theory/572"]["ground_truth"] == "9"
@@ -57,6 +57,12 @@ def test_math_from_the_answer_field_and_from_the_last_box():
     assert set(folder) == {"math/test/algebra/2584", "math/test/precalculus/807"}
     for rid, row in folder.items():
         assert (row["ground_truth"], row["split"], row["prompt"]) == (m500[rid]["ground_truth"], "test", m500[rid]["prompt"])
+    # an answer given as a number (AIME-style exports), and a row with neither answer nor box: an error
+    (tmp_path / "train.jsonl").write_text(json.dumps({"problem": "1+4?", "solution": "It is 5.", "answer": 5}) + "\n"
+                                          + json.dumps({"problem": "2+2?", "solution": "It is 4."}) + "\n")
+    with pytest.raises(DataImportError, match="train.jsonl row 2: solution: has no \\\\boxed"):
+        convert_rows("math", tmp_path / "train.jsonl")
+    assert convert_rows("math", tmp_path / "train.jsonl", limit=1)[0]["ground_truth"] == "5"
 
 
 def _program(fenced: str) -> str:
@@ -184,6 +190,9 @@ def test_a_broken_row_names_file_row_field_and_fix(tmp_path):
     assert str(e.value) == (f"{src} row 2: answer: has no final '#### <number>' line — give GSM8K's answer text as published")
     res = CliRunner().invoke(app, ["data", "import", "gsm8k", str(src), "--out", str(tmp_path / "o.jsonl")])
     assert res.exit_code == 2 and f"{src} row 2: answer" in res.output and not (tmp_path / "o.jsonl").exists()
+    with pytest.raises(DataImportError, match="--split 'holdout': not one of train, test, validation"):
+        convert_rows("gsm8k", PUB / "gsm8k_test.jsonl", split="holdout")
+    assert {r["split"] for r in convert_rows("gsm8k", PUB / "gsm8k_test.jsonl", split="dev")} == {"validation"}
     with pytest.raises(DataImportError, match="unknown format 'gsm9k'; use one of: gsm8k, math, humaneval"):
         convert_rows("gsm9k", src)
     with pytest.raises(DataImportError, match="row 1: text: missing or empty — every MBPP row has 'text'.*is FORMAT right"):

@@ -148,6 +148,8 @@ def _math(row: Row, split: str) -> dict[str, Any]:
     """MATH {problem, level, type, solution} and MATH-500 / PRM800K {problem, solution, answer, subject, level, unique_id}."""
     problem, solution = _need(row.obj, "problem"), _need(row.obj, "solution")
     answer = row.obj.get("answer")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
     truth = answer.strip() if isinstance(answer, str) and answer.strip() else boxed_answer(solution)
     if not truth:
         raise RowError("solution", "has no \\boxed{...} answer and the row has no answer field",
