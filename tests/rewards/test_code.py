@@ -233,6 +233,11 @@ def test_mbpp_setup_code_and_apps_calls():
     assert code("def solve(a, b):\n    return 3", apps).reward == 0.5
     stdin = json.dumps({"input_output": {"inputs": ["1 2\n", ["3 4"]], "outputs": ["3\n", ["7"]]}})
     assert code("a, b = map(int, input().split())\nprint(a + b)", stdin).reward == 1.0
+    # APPS' float tolerance (numpy.allclose), but never its order-blind fallbacks.
+    floats = json.dumps({"input_output": {"inputs": ["1 3\n"], "outputs": ["0.333333333 3\n"]}})
+    assert code("print(round(1 / 3, 7), 3)", floats).reward == 1.0
+    assert code("print(0.34, 3)", floats).reward == 0.0
+    assert code("print(3, 0.333333333)", floats).reward == 0.0
 
 
 def test_scoring_option():

@@ -28,7 +28,10 @@ a child per case that runs the program as ``__main__`` with that case's input on
 per-case time budget, and sends back its stdout, exit status and a stderr tail. Here the output is
 compared with the expected one, token-wise per line: each line is split into whitespace-separated
 tokens (so spacing inside a line, leading/trailing whitespace and ``\r\n`` vs ``\n`` do not matter),
-trailing blank lines are dropped, and the lists of lines must then be equal. No numeric tolerance. A
+trailing blank lines are dropped, and the lists of lines must then be equal. No numeric tolerance,
+except for APPS' ``input_output``, whose own harness compares numbers with ``numpy.allclose``: there
+two decimals within 1e-8 + 1e-5·|expected| are the same token (APPS' further fallbacks, which compare
+lines as unordered sets of tokens, are not taken: they pay outputs in the wrong order). A
 case passes only when the program also exited with status 0 within its budget.
 
 **Threat model — protected.** The program never sees the test code, the expected values or the
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import secrets
 import time
@@ -237,7 +241,32 @@ def _tokens(text: str) -> list[list[str]]:
     return lines
 
 
-def _run_io(program: str, cases: tuple[tuple[str, str], ...], case_s: float) -> tuple[list[bool], str, Any]:
+def _close(a: str, b: str) -> bool:
+    """Two output tokens: equal, or both numbers with a decimal point within APPS' tolerance
+    (``numpy.allclose``: |a - b| <= 1e-8 + 1e-5 |b|)."""
+    if a == b:
+        return True
+    if "." not in a + b:
+        return False
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    return math.isfinite(x) and math.isfinite(y) and abs(x - y) <= 1e-8 + 1e-5 * abs(y)
+
+
+def same_output(out: str, expected: str, float_tol: bool = False) -> bool:
+    """Token-wise per line (see the module docstring); with ``float_tol`` decimals may differ within APPS' tolerance."""
+    got, want = _tokens(out), _tokens(expected)
+    if got == want:
+        return True
+    if not float_tol or len(got) != len(want):
+        return False
+    return all(len(g) == len(w) and all(_close(a, b) for a, b in zip(g, w)) for g, w in zip(got, want))
+
+
+def _run_io(program: str, cases: tuple[tuple[str, str], ...], case_s: float,
+            float_tol: bool = False) -> tuple[list[bool], str, Any]:
     spec = {"inputs": [c[0] for c in cases], "case_s": case_s, "out_cap": CASE_OUT_CAP}
     budget = _harness_budget(Ref("io", cases=cases), {**_BUDGETS, "case_s": case_s})
     out_bytes = min(len(cases) * (2 * CASE_OUT_CAP + 1024) + 4096, 64 << 20)
@@ -260,7 +289,7 @@ def _run_io(program: str, cases: tuple[tuple[str, str], ...], case_s: float) -> 
         elif r.get("rc") != 0:
             ok, err = False, f"case {i}: exit status {r.get('rc')}: {str(r.get('err'))[-150:]}"
         else:
-            ok = isinstance(r.get("out"), str) and _tokens(r["out"]) == _tokens(expected)
+            ok = isinstance(r.get("out"), str) and same_output(r["out"], expected, float_tol)
             err = f"case {i}: wrong output {str(r.get('out'))[:60]!r}"
         passed.append(ok)
         why = why or ("" if ok else err)
@@ -285,7 +314,7 @@ def code_tests(response: str, ground_truth: str | None, scoring: str = "fraction
     if not program.strip():
         return VerifyResult(0.0, "ok", "empty program")
     if ref.kind == "io":
-        passed, why, res = _run_io(program, ref.cases, b["case_s"])
+        passed, why, res = _run_io(program, ref.cases, b["case_s"], ref.float_tol)
     else:
         passed, why, res = _run_tests(program, ref, b)
     if isinstance(res, VerifyResult):

@@ -58,6 +58,7 @@ class Ref:
     program_setup: str = ""  # setup code that uses the program's names: runs in the program's interpreter
     entry_point: str | None = None
     names: tuple[str, ...] = ()  # the names the tests take from the program
+    float_tol: bool = False  # stdin/stdout: decimals compared with APPS' tolerance
 
 
 def _compiles(src: str, what: str) -> ast.Module:
@@ -171,7 +172,8 @@ def _apps(raw: Any) -> Ref:
         raise RefError(f"input_output: unknown key(s) {sorted(unknown)}; APPS uses inputs, outputs, fn_name")
     fn = spec.get("fn_name")
     if fn is None:
-        return Ref("io", cases=tuple((_apps_text(i, "an input"), _apps_text(o, "an output")) for i, o in zip(ins, outs)))
+        return Ref("io", cases=tuple((_apps_text(i, "an input"), _apps_text(o, "an output")) for i, o in zip(ins, outs)),
+                   float_tol=True)
     if not (isinstance(fn, str) and fn.isidentifier()):
         raise RefError(f"input_output: fn_name must be a function name, got {str(fn)[:40]!r}")
     if not all(isinstance(i, list) for i in ins):
