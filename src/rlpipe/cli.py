@@ -103,7 +103,7 @@ def data_build(
 @data_app.command("import")
 def data_import(
     format_: Annotated[str, typer.Argument(metavar="FORMAT", help="gsm8k, math, humaneval, mbpp, apps, codecontests, ultrafeedback or hh-rlhf.")],
-    src: Annotated[str, typer.Argument(help="A .jsonl, .jsonl.gz, .json or .parquet file, a folder, or a hub dataset name (needs `datasets`).")],
+    src: Annotated[str, typer.Argument(metavar="SRC", help="A .jsonl, .jsonl.gz, .json or .parquet file, a folder, or a hub dataset name (needs `datasets`).")],
     out: Annotated[Path, typer.Option(help="Where to write the table (.jsonl or .parquet).")],
     split: Annotated[Optional[str], typer.Option(help="The rows' split (train/test/validation; a hub split name such as test_prefs is read too). Default: from the file name.")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Import the first N rows only.")] = None,
