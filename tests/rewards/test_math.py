@@ -1,10 +1,17 @@
 """The ``math`` verifier against real math-verify (no mocks): every row of the verdict rule, and its limits."""
 
+import os
+from pathlib import Path
+
 import pytest
 
 import rlpipe.rewards.math as math_mod
 from rlpipe.rewards import get_verifier, verifier_names
+from rlpipe.rewards.audit import audit, load_labels
 from rlpipe.rewards.math import boxed_contents, final_answer
+from rlpipe.rewards.pool import VerifierPool
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BROKEN = "cannot be parsed"
 NO_TRUTH = "no ground truth"
@@ -63,13 +70,14 @@ def test_math_verdicts(response, truth, status, reward, reason):
 
 def test_reference_check_and_budget_are_declared():
     v = get_verifier("math")
-    assert v.version == "2"
+    assert v.version == "3"
     assert v.check_reference("\\frac{1}{2}") is None and v.check_reference("46") is None
     msg = v.check_reference("}{")
     assert BROKEN in msg and "fix the row's ground_truth" in msg
     assert NO_TRUTH in v.check_reference(None)
     # The pool's deadline must cover every math-verify call the verifier may make.
-    assert v.budget_s("46") >= 3 * math_mod.PARSE_TIMEOUT_S + 2 * math_mod.VERIFY_TIMEOUT_S
+    assert v.budget_s("46") >= ((8 + math_mod.MAX_BOXES) * math_mod.PARSE_TIMEOUT_S
+                                + (4 + math_mod.MAX_BOXES) * math_mod.VERIFY_TIMEOUT_S)
 
 
 def test_math_verify_internal_timeout_is_timeout_not_zero(monkeypatch):
@@ -108,3 +116,153 @@ def test_exact_verdict_rule(response, truth, status, reward):
     res = get_verifier("exact")(response, truth)
     assert (res.status, res.reward) == (status, reward), res.reason
     assert (get_verifier("exact").check_reference(truth) is None) == (status != "error")
+
+
+def _verdict(response, truth):
+    res = get_verifier("math")(response, truth)
+    assert res.status == "ok", res
+    return res.reward, res.reason
+
+
+TWO = "0, by the two-answers rule"
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    # A hedge names two different values: wrong whichever one the reference is.
+    ("The answer is 3 or 4.", "3", TWO),
+    ("The answer is 3 or 4.", "4", TWO),
+    ("So $x = 3$ or $x = 4$.", "3", TWO),
+    ("I believe the answer is 10, or maybe 12.", "10", TWO),
+    ("Answer: 3 (or possibly 4)", "3", TWO),
+    (r"The probability is $\frac{1}{2}$ or $\frac{1}{3}$.", r"\frac{1}{3}", TWO),
+    (r"The final answer is $\boxed{3 \text{ or } 4}$.", "3", TWO),
+    # Several boxes with different values and no correction between them.
+    (r"$\boxed{3}$ $\boxed{4}$", "4", TWO),
+    (r"The answer is $\boxed{12}$. Let me double check $\boxed{15}$: no, 15 does not work.", "15", TWO),
+    (r"The answer is $\boxed{3}$. Is $\boxed{4}$ also possible? No, it is extraneous.", "4", TWO),
+    # ... a correction makes the last box the answer, unless the text after it rejects it.
+    (r"The answer is $\boxed{B}$. Wait, actually I made an error; the correct choice is $\boxed{C}$.", "C", 1.0),
+    (r"The answer is $\boxed{B}$. Wait, actually I made an error; the correct choice is $\boxed{C}$.", "B", 0.0),
+    (r"$\boxed{2}$. Wait, actually $\boxed{3}$ is not right either.", "3", 0.0),
+    # Boxed steps, then the answer stated: the steps are not answers.
+    (r"$0.04 \cdot 10,000 = \boxed{400}$, then $\boxed{612}$ more. The final answer is $1012$.", "1012", 1.0),
+    # One value in two spellings is one answer.
+    (r"The answer is $\boxed{\frac12}$, or in decimal form $\boxed{0.5}$.", "0.5", 1.0),
+    ("The answer is 6 or 6.0, the same number.", "6", 1.0),
+    (r"The answer is $\boxed{42}$. Double-checking: yes, $\boxed{42}$.", "42", 1.0),
+    # A reference that is itself a set or a list accepts both values, and only both.
+    ("The answer is 3 or 4.", "3, 4", 1.0),
+    ("$x = 3$ or $x = 4$", "x=3 or x=4", 1.0),
+    (r"$\boxed{3 \text{ or } 4}$", r"\{3, 4\}", 1.0),
+    (r"The roots are $\boxed{2}$ and $\boxed{5}$.", "2, 5", 1.0),
+    ("The answer is 3 or 4.", "3, 5", 0.0),
+])
+def test_two_different_final_answers_are_wrong(response, truth, reward):
+    got, reason = _verdict(response, truth)
+    assert (got, reason) == (0.0, math_mod.TWO_ANSWERS) if reward == TWO else got == reward, reason
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    (r"The answer is 3. Check: $3 \times 2 = 6$.", "6", 0.0),
+    (r"The answer is 3. Check: $3 \times 2 = 6$.", "3", 1.0),
+    ("So $x = 5$.\n\nVerification: $2(5) + 1 = 11$, as required.", "11", 0.0),
+    ("So $x = 5$.\n\nVerification: $2(5) + 1 = 11$, as required.", "5", 1.0),
+    ("Answer: 7\nCheck: 7^2 = 49", "49", 0.0),
+    # A check before the stated answer, or one the answer follows, leaves the answer where it is.
+    (r"Check: $2 \cdot 3 = 6$ works. So the answer is 3.", "3", 1.0),
+    ("Square 3 to get 9. Check: 9 - 6 = 3. So x = 3", "3", 1.0),
+])
+def test_a_self_check_is_not_the_answer(response, truth, reward):
+    assert _verdict(response, truth)[0] == reward
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    (r"The probability is $\boxed{0.25\%}$.", "0.25", 0.0),   # 0.25% = 0.0025
+    (r"$\boxed{\frac{1}{4}\%}$", r"\frac{1}{4}", 0.0),
+    ("The probability is 0.3%.", "0.3", 0.0),
+    (r"$\boxed{25\%}$", r"\frac{1}{4}", 1.0),                  # the value reading
+    ("The probability is 30%.", "0.3", 1.0),
+    (r"$\boxed{12.5\%}$", "12.5", 1.0),                         # a label on a percentage, not a probability
+    (r"$\boxed{0.125}$", r"12.5\%", 1.0),
+])
+def test_percent_is_no_label_on_a_probability(response, truth, reward):
+    assert _verdict(response, truth)[0] == reward
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    (r"$\boxed{5\mathrm{~m}}$", r"5\text{ km}", 0.0),
+    (r"$\boxed{8 \text{ cm}^3}$", r"8\text{ cm}^2", 0.0),
+    (r"$\boxed{10 \text{ m/s}}$", r"10\text{ km/h}", 0.0),
+    (r"$\boxed{15\text{ mph}}$", r"15\text{ km/h}", 0.0),
+    (r"$\boxed{5 cm}$", r"5\text{ km}", 0.0),                  # a known unit written bare
+    (r"$\boxed{25°C}$", r"25^\circ F", 0.0),
+    (r"$\boxed{60 \text{ mph}}$", r"60\text{ miles per hour}", 1.0),
+    ("The car travels at 60 mph.", r"60\text{ miles per hour}", 1.0),
+    (r"$\boxed{5 \text{ cm}}$", r"5\text{ centimeters}", 1.0),
+    (r"$\boxed{9 \text{ sq ft}}$", r"9\text{ square feet}", 1.0),
+    (r"$\boxed{8 \text{ cm}^2}$", r"8\text{ square centimeters}", 1.0),
+    (r"$\boxed{5\mathrm{~km}}$", r"5\text{ kilometres}", 1.0),
+    (r"$\boxed{61 \text{ mph}}$", r"60\text{ miles per hour}", 0.0),
+])
+def test_units_must_agree_in_any_spelling(response, truth, reward):
+    got, reason = _verdict(response, truth)
+    assert got == reward, reason
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    (r"$\boxed{0.\overline{3}}$", r"\frac{1}{3}", 1.0),          # repeating decimals
+    (r"$\boxed{0.\overline{3}}$", "0.3", 0.0),
+    (r"$\boxed{1.\overline{27}}$", r"\frac{14}{11}", 1.0),
+    (r"$\boxed{45°}$", r"45^\circ", 1.0),                          # degrees
+    (r"$\boxed{60°}$", r"30^\circ", 0.0),
+    (r"$\boxed{\frac{1}{2}}$", r"\sin 30^\circ", 1.0),            # trig of degrees
+    (r"$\boxed{\frac{\sqrt{3}}{2}}$", r"\sin 30^\circ", 0.0),
+    (r"$\boxed{-1}$", "i^2", 1.0),                                 # the imaginary unit
+    (r"$\boxed{1}$", "i^2", 0.0),
+    (r"$\boxed{6.02e23}$", r"6.02 \times 10^{23}", 1.0),          # scientific notation
+    ("The number of molecules is 6.02e23.", r"6.02 \times 10^{23}", 1.0),
+    (r"$\boxed{6.02e22}$", r"6.02 \times 10^{23}", 0.0),
+    (r"$\boxed{7 3/4}$", r"7\frac{3}{4}", 1.0),                    # mixed numbers
+    ("The answer is 7 3/4.", "7.75", 1.0),
+    (r"$\boxed{7\frac{3}{4}}$", r"\frac{21}{4}", 0.0),             # a sum, not 7 * 3/4
+    ("Answer: 2 1/4", r"\frac{1}{2}", 0.0),
+    ("The population is 3.5 million.", "3500000", 1.0),          # number words
+    (r"$\boxed{3.5 \text{ million}}$", "350000", 0.0),
+    (r"$\boxed{x > 3}$", r"(3, \infty)", 1.0),                     # inequality vs interval
+    ("The solution is x > 3", r"(3,\infty)", 1.0),
+    (r"$\boxed{x \ge 3}$", r"(3,\infty)", 0.0),
+    (r"The answer is $\boxed{A}$, no wait, it is $\boxed{C}$.", "C", 1.0),   # corrected choice
+])
+def test_forms_math_verify_misreads(response, truth, reward):
+    got, reason = _verdict(response, truth)
+    assert got == reward, reason
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    (r"$\boxed{18.90}$", r"\$18.90", 1.0),
+    (r"$\boxed{\$18.90}$", r"\$18.90", 1.0),
+    (r"The total is \$18.90.", r"\$18.90", 1.0),
+    (r"$\boxed{18.9}$", r"\$18.90", 1.0),
+    (r"$\boxed{\$18.09}$", r"\$18.90", 0.0),
+    (r"$\boxed{\$1,250}$", "1250", 1.0),
+])
+def test_dollar_sign_references_parse(response, truth, reward):
+    assert get_verifier("math").check_reference(truth) is None
+    assert _verdict(response, truth)[0] == reward
+
+
+def test_other_graders_audit_set():
+    # An independent check: 354 cases from other graders' tests (hendrycks, MARIO, Qwen2.5-Math, prm800k,
+    # Minerva, simple-evals, verl, DeepSeek) and model-style responses for each class of issue 41. Known
+    # misses (false negatives, not paid): y = 2x+3 vs f(x) = 2x+3, and one physics expression sympy does not
+    # simplify. A false positive here is a reward hack, so none is allowed.
+    with VerifierPool(workers=max(2, min(8, os.cpu_count() or 2)), grace_s=5) as pool:
+        report = audit(load_labels(ROOT / "datasets/audit/math_graders.jsonl"), pool)["math"]
+    assert report["n"] >= 300
+    assert report["false_positive"] == 0, report["disagreements"]
+    assert report["agreement"] >= 0.98, report["disagreements"]
+    for cat in ("hedged", "multi_box", "self_check", "percent_probability", "units_mismatch", "unit_synonyms",
+                "repeating_decimal", "degrees", "imaginary", "sci_notation", "mixed_numbers", "number_words",
+                "inequality_interval", "multiple_choice", "currency"):
+        c = report["categories"][cat]
+        assert c["n"] >= 7 and c["false_positive"] == 0 and c["agreement"] == 1.0, (cat, c)

@@ -6,6 +6,18 @@ thread (a Prefect task thread: SFT evaluation, dataset validation) math-verify w
 setting the alarm, so there the verifier calls it without its internal timeout: such callers
 score the model's own short answers and references from the dataset, and the pool — the only
 place arbitrary model output is judged in a run — still enforces a hard deadline from outside.
+
+The two-answers rule: a response that states two different final answers is wrong, even when one of
+them is right, because paying it would teach a policy to hedge. It states two answers when its final
+statement joins different values with "or" ("3 or 4", "x = 3 or x = 4", "10, or maybe 12",
+``\\boxed{3 \\text{ or } 4}``), or when it boxes different values (``\\boxed{3} … \\boxed{4}``) — unless the
+words between the boxes correct the earlier one ("wait, actually", "correction", "I made an error") and
+nothing after the last box rejects it, in which case the last box is the answer; boxed intermediate steps
+followed by "the final answer is …" are steps, not answers. Two spellings of one value (``\\frac12`` or
+``0.5``) are one answer. When the reference itself holds several answers (``3, 4``, ``\\{3, 4\\}``,
+``x=3 or x=4``) the values are read together as one list and compared with it. The check runs on the
+response without a trailing self-check ("The answer is 3. Check: 3 × 2 = 6"): the check's numbers are not
+an answer.
 """
 
 from __future__ import annotations
@@ -17,14 +29,15 @@ from typing import Any
 from rlpipe.rewards.base import VerifyResult, register_verifier
 from rlpipe.rewards.math_forms import rewrite_forms, unit_of
 
-# math-verify's alarms take whole seconds. The verifier makes at most 6 + MAX_BOXES parses (reference,
-# answer as plain text and as written, boxes joined, each of the last MAX_BOXES boxes, two hedged values)
-# and 4 + MAX_BOXES comparisons (plain, percent as a label, the imaginary unit, the hedged values, each box
-# with the last).
+# math-verify's alarms take whole seconds. The verifier makes at most 8 + MAX_BOXES parses (reference; answer
+# as plain text, as written, its boxes joined; each of the last MAX_BOXES boxes; up to MAX_HEDGED values
+# joined by "or", and them joined) and 4 + MAX_BOXES comparisons (plain, percent as a label, the imaginary
+# unit; each box with the last; the hedged values with the first).
 PARSE_TIMEOUT_S = 2
 VERIFY_TIMEOUT_S = 3
-MAX_BOXES = 6
-MATH_BUDGET_S = (6 + MAX_BOXES) * PARSE_TIMEOUT_S + (4 + MAX_BOXES) * VERIFY_TIMEOUT_S + 1.0
+MAX_BOXES = 4
+MAX_HEDGED = 3
+MATH_BUDGET_S = (8 + MAX_BOXES) * PARSE_TIMEOUT_S + (4 + MAX_BOXES) * VERIFY_TIMEOUT_S + 1.0
 TWO_ANSWERS = "the response states two different final answers"
 FLOAT_ROUNDING = 10  # decimals agree when equal after rounding to 10 places
 NUMERIC_PRECISION = 15
@@ -230,10 +243,15 @@ def _parse_answer(text: str, gold: Any) -> Any | None:
     math-verify read one (it keeps only the last box unless boxes are adjacent or joined by "and"/","), all
     the boxes are read as one list. A plain-text answer that reads as math (``2x+1``, ``x^2+1``) is parsed as
     LaTeX, as references are."""
+    boxes = box_spans(text)
+    # Boxed steps, then "the final answer is …": the statement after the boxes is the answer (math-verify
+    # would rank the last box first).
+    tail = text[boxes[-1][1]:] if boxes and _ANSWER_AFTER.search(text[boxes[-1][1]:]) else ""
+    pred = _parse(tail, answer_side=True) if tail else None
     cand = _plain_candidate(text)
-    pred = _parse(f"${cand}$", answer_side=True) if cand else None
+    pred = pred if pred is not None or not cand else _parse(f"${cand}$", answer_side=True)
     pred = pred if pred is not None else _parse(text, answer_side=True)
-    boxes = boxed_contents(text)
+    boxes = [content for _, _, content in boxes]
     if _n_elements(gold) > 1 and len(boxes) > 1 and (pred is None or _n_elements(pred) == 1):
         joined = _parse("$" + ", ".join(b for b in boxes if b) + "$", answer_side=True)
         pred = joined if joined is not None else pred
@@ -253,6 +271,8 @@ _CHECK = re.compile(r"(?:^|(?<=[.!?]))[ \t]*(?:\*\*)?(?:let(?:'s| me| us)\s+)?(?
                     r"check|verify|verification)(?:ing)?(?:\*\*)?\s*:", re.I | re.M)
 # The sentence before a check states a value ("x = 5.", "The answer is 3.", "Answer: 7", "… is 15.").
 _STATES_VALUE = re.compile(r"(?:\bis\b|\bare\b|=|:)\s*\$?\s*[-+(\\\d]")
+# After the last box, the answer stated again with a value: "The final answer is $10,455$".
+_ANSWER_AFTER = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*[-+($\\\d]", re.I)
 _STATES_ANSWER = re.compile(r"(?:answer|result)\s*(?:is|:|=)|\\boxed|\\fbox", re.I)
 _TEXT_OR = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*or\s*\}")
 # One value on either side of "or": $…$, \(…\), "x = 3", a fraction or a number.
@@ -287,7 +307,7 @@ def _box_verdict(text: str, multi: bool) -> tuple[str, Any]:
     start, end, last = vals[-1]
     differ = [e for _, e, v in vals[:-1] if not _same(v, last)]
     # "… = \boxed{200} … = \boxed{255} … The final answer is 10,455": boxed steps, then the answer stated.
-    if not differ or _ANSWER_IS.search(text[end:]):
+    if not differ or _ANSWER_AFTER.search(text[end:]):
         return "", None
     if _CORRECTION.search(text[differ[-1]:start]) and not _REJECTION.search(text[end:]):
         return "last", last
@@ -312,11 +332,12 @@ def _hedge_verdict(text: str, multi: bool) -> tuple[str, Any]:
     holds several; ``("", None)`` when there is no hedge or its values are one value."""
     span, values = _TEXT_OR.sub(" or ", _final_span(text)), []
     for m in _HEDGE.finditer(span):
-        values += [m.group(1)] if not values else []
-        values.append(m.group(2))
-    values = [re.sub(r"^\$|\$$|^\\\(|\\\)$", "", v).strip() for v in values]
-    parsed = [_parse(f"${v}$", answer_side=True) for v in values[:2]]
-    if len(values) < 2 or None in parsed or _same(parsed[0], parsed[1]):
+        values += [m.group(1), m.group(2)] if not values else [m.group(2)]
+    values = [re.sub(r"^\$|\$$|^\\\(|\\\)$", "", v).strip() for v in values[:MAX_HEDGED]]
+    if len(values) < 2:
+        return "", None
+    parsed = [_parse(f"${v}$", answer_side=True) for v in values]
+    if None in parsed or all(_same(parsed[0], p) for p in parsed[1:]):
         return "", None
     if not multi:
         return "two", None
@@ -383,7 +404,7 @@ def _equal(gold: Any, pred: Any) -> bool:
     return _only_symbol_i(gold, pred) and _same(_with_imaginary_unit(gold), _with_imaginary_unit(pred))
 
 
-@register_verifier("math", version="2", budget_s=MATH_BUDGET_S, check_reference=check_math_reference)
+@register_verifier("math", version="3", budget_s=MATH_BUDGET_S, check_reference=check_math_reference)
 def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
     """Is the model's final answer mathematically equivalent to the reference? (math-verify, plus fixes).
 
@@ -396,14 +417,19 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
     Conventions (the audit set ``datasets/audit/math.jsonl`` is labelled by these):
 
     - The final answer is the last ``\\boxed{}``; without a box, math-verify's "final answer is" / last
-      expression rules apply.
+      expression rules apply, on the response without a trailing self-check ("Check: …", "Let me verify:").
+    - Two different final answers are a wrong answer (the two-answers rule in the module docstring).
     - Decimals equal an exact value when they agree after rounding to 10 places, so 0.333 ≠ 1/3 and
       0.1000001 ≠ 0.1, while 46.0 = 46 and 1.50 = 3/2.
     - Units are ignored, not converted: ``5\\text{ cm}`` matches 5; the number must be in the unit the
-      reference uses (500 cm does not match 5 m). When both sides name a unit in ``\\text{}`` (or
-      ``\\mathrm{}``) they must name the same one (plural ``s`` aside): ``cm`` ≠ ``centimeters``.
+      reference uses (500 cm does not match 5 m). When both sides name a unit (in ``\\text{}``,
+      ``\\mathrm{}``, or a known unit written bare after the number: ``60 mph``) they must name the same
+      unit, spelled any way: ``cm`` = ``centimeters``, ``mph`` = ``miles per hour``, ``sq ft`` = ``ft^2``;
+      ``m`` ≠ ``km``, ``cm^3`` ≠ ``cm^2``, ``m/s`` ≠ ``km/h``.
     - Percent: the % sign is read as a label: ``12%`` matches 12 (the question asked for a percentage) and
-      0.12 (its value); without a % sign, 12 and 0.12 differ.
+      0.12 (its value); without a % sign, 12 and 0.12 differ. Against a reference that is a number in
+      [0, 1] (a probability) only the value counts: ``0.25%`` is 0.0025, not 0.25.
+    - ``i`` is the imaginary unit where it is the only letter on both sides: ``i^2`` = -1.
     - A comma followed by exactly three digits is a thousands separator (``1,000`` = 1000); a comma list
       without brackets (``2, 3``) is a set of answers; ``(1, 2)`` is an ordered pair or open interval.
 
@@ -419,6 +445,9 @@ def math_answer(response: str, ground_truth: str | None) -> VerifyResult:
       all the boxes as one list, because models often box each root in its own sentence.
     - math-verify drops unit words on both sides, so ``5\\text{ m}`` matched a reference of
       ``5\\text{ cm}``; we give 0 when both name different units, because the answer is wrong.
+    - Forms math-verify misreads are rewritten on both sides before parsing (:mod:`rlpipe.rewards.math_forms`):
+      ``\\$18.90``, ``45°``, ``\\sin 30^\\circ``, ``0.\\overline{3}``, ``6.02e23``, ``6.02 \\times 10^{23}``,
+      ``3.5 million``, ``7 3/4``.
     - math-verify's percent rule depends on the number type (12% = 12 but 12.5% ≠ 12.5); we read the %
       sign as a label for every number (retry with the % removed), because the convention must be one.
     - math-verify compares an inequality answer with an interval reference only when asked; we ask
