@@ -223,3 +223,20 @@ def test_a_datasets_folder_and_a_hub_name_are_read_through_the_datasets_library(
     hub = convert_rows("humaneval", "openai/openai_humaneval")
     assert calls == [("openai/openai_humaneval", "test")]  # HumanEval's one split, by default
     assert [r["id"] for r in hub] == [r["id"] for r in rows] and {r["source"] for r in hub} == {"openai/openai_humaneval"}
+
+
+def test_mbpp_function_named_like_a_builtin_gets_its_entry_point(tmp_path):
+    """mbpp/126 calls its function `sum`: the reference says the tests mean the program's (entry_point);
+    a builtin the tests merely use (`int(...)`, mbpp/912) is left alone."""
+    rows = [{"text": "Write a python function to find the sum of common divisors of two given numbers.",
+             "code": "def sum(a,b): \r\n    s = 0\r\n    for i in range(1,min(a,b)): \r\n        if (a % i == 0 and b % i == 0): \r\n"
+                     "            s += i \r\n    return s", "task_id": 126, "test_setup_code": "",
+             "test_list": ["assert sum(10,15) == 6", "assert sum(100,150) == 93", "assert sum(4,6) == 3"],
+             "challenge_test_list": []},
+            {"text": "Write a function to find ln, m lobb number.", "code": "def lobb_num(n, m):\r\n    return n + m",
+             "task_id": 912, "test_setup_code": "", "test_list": ["assert int(lobb_num(5, 3)) == 8"], "challenge_test_list": []}]
+    src = tmp_path / "mbpp.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    truth = {r["id"]: json.loads(r["ground_truth"]) for r in convert_rows("mbpp", src)}
+    assert truth["mbpp/126"] == {"tests": rows[0]["test_list"], "entry_point": "sum"}
+    assert truth["mbpp/912"] == {"tests": rows[1]["test_list"]}

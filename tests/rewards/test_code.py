@@ -120,6 +120,15 @@ def test_forgery_attempts_score_zero(name):
     assert res.isolation == FULL
 
 
+def test_entry_point_named_like_a_builtin_is_the_programs_and_no_other_builtin_is():
+    """MBPP/126 names its function `sum`; MBPP's harness runs the program's. Only the entry point may shadow."""
+    gt = json.dumps({"tests": ["assert sum(10, 15) == 6", "assert abs(sum(4, 6) - 3) < 1e-9"], "entry_point": "sum"})
+    assert code("def sum(a, b):\n    return 6 if a == 10 else 3", gt, **FAST).reward == 1.0
+    assert code("def sum(a, b):\n    return a + b", gt, **FAST).reward == 0.0
+    rigged = "def abs(x):\n    return 0\ndef sum(a, b):\n    return 6 if a == 10 else 99"
+    assert code(rigged, gt, **FAST).reward == 0.5  # the test's abs is the builtin
+
+
 def test_a_module_the_program_writes_is_never_imported_by_the_test():
     """The test imports `random` after the program ran; a random.py the program left in the work dir
     (which would make every case trivial) must not be the one imported."""
@@ -305,6 +314,7 @@ BROKEN = [
     (json.dumps({"test": "assert add(1, 2) == 3", "entry_point": "add"}), "does not define `check(candidate)`"),
     (json.dumps({"tests": ["assert add(1, 2) == 3"], "test_imports": "import math"}), "list of import lines"),
     (json.dumps({"input_output": {"inputs": [[1]], "outputs": []}}), "as many of each"),
+    (json.dumps(["assert sum([1, 2]) == 3"]), "uses none of the program's names"),  # a builtin, without entry_point
     (json.dumps({"io": []}), "non-empty list"),
     (json.dumps({"io": [{"input": "1"}]}), "io case 0"),
 ]

@@ -26,6 +26,7 @@ never dropped silently.
 from __future__ import annotations
 
 import ast
+import builtins
 import gzip
 import json
 import re
@@ -204,6 +205,17 @@ def _mbpp_split(task_id: int) -> str:
     return "test" if 11 <= task_id <= 510 else "validation" if 511 <= task_id <= 600 else "train"
 
 
+def _shadowing_function(code: str, tests: list[str]) -> str | None:
+    """A function of the canonical code that is named like a builtin and that the tests call, or None."""
+    try:
+        defined = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)}
+    except SyntaxError:
+        return None
+    called = {m.group(1) for t in tests for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", t)}
+    hits = sorted(defined & called & set(dir(builtins)))
+    return hits[0] if hits else None
+
+
 def _mbpp(row: Row, split: str) -> dict[str, Any]:
     """MBPP {task_id, text, code, test_list, test_setup_code, challenge_test_list} or the sanitized
     {task_id, prompt, code, test_imports, test_list}; the prompt ends with the first test, as MBPP's does."""
@@ -221,6 +233,9 @@ def _mbpp(row: Row, split: str) -> dict[str, Any]:
         truth["test_imports"] = list(o["test_imports"])
     task_id = _need(o, "task_id", int, "an integer")
     code = _need(o, "code").replace("\r\n", "\n")  # MBPP's code has Windows line ends; the tests are kept as published
+    shadow = _shadowing_function(code, tests)
+    if shadow:
+        truth["entry_point"] = shadow  # mbpp/126 names its function `sum`: say the tests mean the program's
     prompt = f"{text.strip()}\nYour code should pass these tests:\n{tests[0]}"
     return _prompt_row(row, split, "mbpp", str(task_id), prompt, "code", json.dumps(truth, ensure_ascii=False),
                        _fence(code), "google-research/mbpp")

@@ -17,7 +17,8 @@ other key is an error (a key nothing reads would otherwise be silently ignored):
 - ``io``: rlpipe's stdin/stdout cases, ``[{"input": "...", "output": "..."}]``.
 
 The names a test takes from the program are its free names: used but not defined by the test code,
-its setup, an import or the builtins. ``candidate`` stands for ``entry_point`` and is an error
+its setup, an import or the builtins — and ``entry_point`` even where it is a builtin's name (MBPP
+has a function called ``sum``); no other builtin is ever taken from the program. ``candidate`` stands for ``entry_point`` and is an error
 without one (the usual slip when copying asserts out of a HumanEval ``check``). A test that uses no
 program name would pass for any program, and is refused.
 """
@@ -111,8 +112,17 @@ def _entry_point(spec: dict[str, Any]) -> str | None:
     return ep
 
 
+def _uses(src: str, name: str) -> bool:
+    try:
+        return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(ast.parse(src)))
+    except SyntaxError:
+        return False
+
+
 def _names(sources: list[str], setup: str, entry_point: str | None) -> tuple[str, ...]:
     names = _free_names("\n".join([setup, *sources]))
+    if entry_point in _BUILTIN_NAMES and any(_uses(s, entry_point) for s in sources):
+        names.add(entry_point)  # MBPP's `sum`: the program's function shadows the builtin, as in MBPP's harness
     if "candidate" in names and entry_point is None:
         raise RefError('the tests call `candidate` but the reference has no "entry_point": add '
                        '"entry_point": "<the function\'s name>" (HumanEval\'s convention), or rename it in the tests')
@@ -141,7 +151,7 @@ def _function_tests(spec: dict[str, Any]) -> Ref:
         raise RefError("every test must be a non-empty string of Python code, e.g. `assert f(1) == 2`")
     for i, t in enumerate(tests):
         _compiles(t, f"test {i}")
-        if not _free_names(f"{setup}\n{t}"):
+        if not _free_names(f"{setup}\n{t}") and not (ep and _uses(t, ep)):
             raise RefError(f"test {i} uses none of the program's names, so any program passes it: {t[:80]!r}")
     return Ref("tests", tests=tuple(Test("assert", t) for t in tests), setup=setup, program_setup=in_program,
                entry_point=ep, names=_names(tests, setup, ep))
