@@ -67,6 +67,8 @@ def test_gsm8k_style_file_loads_and_validates(tmp_path):
     table = load_prompts(jsonl(tmp_path, rows, "gsm8k_train.jsonl"))
     got = table.to_pylist()
     assert [r["ground_truth"] for r in got] == ["72", "1000"]
+    # The worked solution is kept for SFT, ending in the boxed reference.
+    assert got[0]["solution"] == "In May she sold 48/2 = 24.\nIn all 48+24 = 72.\nThe answer is \\boxed{72}."
     assert got[0]["task"] == "math" and got[0]["split"] == "train" and got[0]["id"] == "gsm8k_train-1"
     assert validate_prompts(table) == []
 

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlpipe.data.prompts import SPLITS, Finding, dataset_version, validate_prompts
+from rlpipe.data.prompts import SPLITS, Finding, dataset_version, gsm8k_answer, validate_prompts
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 
 __all__ = ["FORMATS", "DataImportError", "ImportResult", "boxed_answer", "convert_rows", "import_dataset", "read_source"]
@@ -105,17 +105,13 @@ def _prompt_row(row: Row, split: str, fmt: str, rid: str, prompt: str, task: str
 
 # -- maths ---------------------------------------------------------------------------------------
 
-_CALCULATOR = re.compile(r"<<[^<>]*>>")
-
-
 def _gsm8k(row: Row, split: str) -> dict[str, Any]:
     """GSM8K {question, answer}: the answer is a worked solution whose last line is ``#### 72``."""
     question, answer = _need(row.obj, "question"), _need(row.obj, "answer")
-    worked, marker, final = answer.rpartition("####")
-    truth = final.strip().replace(",", "")
-    if not marker or not truth:
+    parsed = gsm8k_answer(answer)
+    if parsed is None:
         raise RowError("answer", "has no final '#### <number>' line", "give GSM8K's answer text as published")
-    solution = f"{_CALCULATOR.sub('', worked).rstrip()}\nThe answer is \\boxed{{{truth}}}."
+    truth, solution = parsed
     return _prompt_row(row, split, "gsm8k", f"{split}-{row.index}", question, "math", truth, solution, "openai/gsm8k")
 
 

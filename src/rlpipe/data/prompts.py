@@ -50,7 +50,17 @@ class PromptFileError(ValueError):
     """A prompt file that cannot be read at all (not JSON, not Parquet, wrong columns)."""
 
 
-_GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.S)
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def gsm8k_answer(answer: str) -> tuple[str, str] | None:
+    """GSM8K's worked answer (``...\n#### 1,000``) → (reference ``1000``, the worked solution for SFT ending
+    "The answer is \\boxed{1000}." without the ``<<48/2=24>>`` calculator annotations); None without ``####``."""
+    worked, marker, final = answer.rpartition("####")
+    truth = final.strip().replace(",", "")
+    if not marker or not truth:
+        return None
+    return truth, f"{_CALCULATOR.sub('', worked).rstrip()}\nThe answer is \\boxed{{{truth}}}.".lstrip("\n")
 
 
 def _row_from_json(obj: dict[str, Any], line: int, source: str, default_task: str) -> dict[str, Any]:
@@ -61,8 +71,10 @@ def _row_from_json(obj: dict[str, Any], line: int, source: str, default_task: st
         row["prompt"] = row.pop("question")
         answer = row.pop("answer", None)
         if isinstance(answer, str):
-            m = _GSM8K_ANSWER.search(answer)
-            row.setdefault("ground_truth", (m.group(1) if m else answer).replace(",", "").strip())
+            parsed = gsm8k_answer(answer)
+            row.setdefault("ground_truth", parsed[0] if parsed else answer.replace(",", "").strip())
+            if parsed:  # keep the worked solution: SFT learns the reasoning, not only the number
+                row.setdefault("solution", parsed[1])
         elif answer is not None:
             row.setdefault("ground_truth", str(answer))
     if "prompt" not in row and isinstance(row.get("messages"), list) and row["messages"]:
