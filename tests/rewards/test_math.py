@@ -136,6 +136,11 @@ TWO = "0, by the two-answers rule"
     ("Answer: 3 (or possibly 4)", "3", TWO),
     (r"The probability is $\frac{1}{2}$ or $\frac{1}{3}$.", r"\frac{1}{3}", TWO),
     (r"The final answer is $\boxed{3 \text{ or } 4}$.", "3", TWO),
+    ("The answer is 3 and 4.", "3", TWO),
+    ("The answer is 3. Alternatively, it could be 4.", "3", TWO),
+    ("The answer is 3 (if n is even) or 4 (if n is odd).", "3", TWO),
+    # Conditions joined by "and" are not two answers.
+    ("Since $x^2 = 16$ and $x > 0$, we have $x = 4$.", "4", 1.0),
     # Several boxes with different values and no correction between them.
     (r"$\boxed{3}$ $\boxed{4}$", "4", TWO),
     (r"The answer is $\boxed{12}$. Let me double check $\boxed{15}$: no, 15 does not work.", "15", TWO),

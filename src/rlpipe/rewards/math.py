@@ -9,8 +9,8 @@ place arbitrary model output is judged in a run — still enforces a hard deadli
 
 The two-answers rule: a response that states two different final answers is wrong, even when one of
 them is right, because paying it would teach a policy to hedge. It states two answers when its final
-statement joins different values with "or" ("3 or 4", "x = 3 or x = 4", "10, or maybe 12",
-``\\boxed{3 \\text{ or } 4}``), or when it boxes different values (``\\boxed{3} … \\boxed{4}``) — unless the
+statement joins different values (numbers, ``x = number``) with "or", "and" or "alternatively" ("3 or 4",
+"x = 3 or x = 4", "10, or maybe 12", "3 (if n is even) or 4", ``\\boxed{3 \\text{ or } 4}``), or when it boxes different values (``\\boxed{3} … \\boxed{4}``) — unless the
 words between the boxes correct the earlier one ("wait, actually", "correction", "I made an error") and
 nothing after the last box rejects it, in which case the last box is the answer; boxed intermediate steps
 followed by "the final answer is …" are steps, not answers. Two spellings of one value (``\\frac12`` or
@@ -276,10 +276,13 @@ _ANSWER_AFTER = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*[-+($\\\d]", re.I)
 _STATES_ANSWER = re.compile(r"(?:answer|result)\s*(?:is|:|=)|\\boxed|\\fbox", re.I)
 _TEXT_OR = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*or\s*\}")
 # One value on either side of "or": $…$, \(…\), "x = 3", a fraction or a number.
-_VALUE = (r"(\$[^$]+\$|\\\((?:(?!\\\)).)+\\\)|(?:[a-zA-Z]\s*=\s*)?[-+]?(?:\\[dt]?frac\{[^{}]*\}\{[^{}]*\}|"
+_VALUE = (r"(\$[^$]+\$|\\\((?:(?!\\\)).)+\\\)|(?<![\w.])(?:[a-zA-Z]\s*=\s*)?[-+]?(?:\\[dt]?frac\{[^{}]*\}\{[^{}]*\}|"
           r"\d+(?:\.\d+)?(?:/\d+)?))")
-_HEDGE = re.compile(_VALUE + r"[\s,;)]*\(?\s*\bor\b\s*\(?\s*(?:(?:maybe|possibly|perhaps|else|even|rather)\s+)*"
-                    + _VALUE, re.I)
+# What joins two stated values: "or" (with "maybe", "possibly" …), "and", "Alternatively, it could be"; a
+# short condition may sit between ("3 (if n is even) or 4").
+_JOIN = (r"[\s,;.)]*(?:\([^()]{0,40}\)\s*)?(?:\(?\s*\bor\b\s*\(?\s*(?:(?:maybe|possibly|perhaps|else|even|rather)\s+)*"
+         r"|\band\b\s*|\b(?:alternatively|otherwise)\b[\s,]*(?:[A-Za-z']+\s+){0,5})")
+_HEDGE = re.compile(_VALUE + _JOIN + _VALUE, re.I)
 
 
 def _drop_self_check(text: str) -> str:
@@ -326,18 +329,28 @@ def _final_span(text: str) -> str:
     return re.split(r"(?<=[.!?])\s+|\n+", text.strip())[-1]
 
 
+def _answer_like(x: Any) -> bool:
+    """A number or ``x = number``: a value stated as an answer (``x^2 = 16``, ``x > 0`` are conditions)."""
+    from sympy import Eq, Symbol
+
+    if getattr(x, "is_number", False):
+        return True
+    return isinstance(x, Eq) and isinstance(x.lhs, Symbol) and bool(x.rhs.is_number)
+
+
 def _hedge_verdict(text: str, multi: bool) -> tuple[str, Any]:
-    """Values joined by "or" in the final statement ("3 or 4", "x = 3 or x = 4", "10, or maybe 12"): when they
-    differ, ``("two", None)`` against a one-answer reference, ``("list", values)`` against a reference that
+    """Values joined by "or" / "and" in the final statement ("3 or 4", "x = 3 or x = 4", "10, or maybe 12",
+    "3 and 4", "3. Alternatively, it could be 4"): when they differ, ``("two", None)`` against a one-answer reference, ``("list", values)`` against a reference that
     holds several; ``("", None)`` when there is no hedge or its values are one value."""
-    span, values = _TEXT_OR.sub(" or ", _final_span(text)), []
+    # The final statement's end only (a hedge closes the response): linear time on a long last sentence.
+    span, values = _TEXT_OR.sub(" or ", _final_span(text)[-400:]), []
     for m in _HEDGE.finditer(span):
         values += [m.group(1), m.group(2)] if not values else [m.group(2)]
     values = [re.sub(r"^\$|\$$|^\\\(|\\\)$", "", v).strip() for v in values[:MAX_HEDGED]]
     if len(values) < 2:
         return "", None
     parsed = [_parse(f"${v}$", answer_side=True) for v in values]
-    if None in parsed or all(_same(parsed[0], p) for p in parsed[1:]):
+    if not all(p is not None and _answer_like(p) for p in parsed) or all(_same(parsed[0], p) for p in parsed[1:]):
         return "", None
     if not multi:
         return "two", None
@@ -494,7 +507,9 @@ def _judge(response: str, gold: Any) -> VerifyResult:
         boxes, hedge = _box_verdict(text, multi), _hedge_verdict(text, multi)
         if "two" in (boxes[0], hedge[0]):
             return VerifyResult(0.0, "ok", TWO_ANSWERS)
-        pred = hedge[1] if hedge[0] == "list" else boxes[1] if boxes[0] == "last" else _parse_answer(text, gold)
+        pred = boxes[1] if boxes[0] == "last" else _parse_answer(text, gold)
+        if hedge[0] == "list" and (pred is None or _n_elements(pred) == 1):
+            pred = hedge[1]  # "3 or 4" against {3, 4}: math-verify read only the 3
         if pred is None:
             return VerifyResult(0.0, "ok", "no answer found in the response")
         return VerifyResult(float(_equal(gold, pred)), "ok")

@@ -35,7 +35,7 @@ _TEMPERATURE = re.compile(r"\s*(?:[°º]|\^\s*(?:\{\s*\\circ\s*\}|\\circ))\s*([C
 _NUM = r"\d+(?:\.\d+)?"
 _TRIG_DEGREES = re.compile(r"(\\(?:sin|cos|tan|sec|csc|cot))\s*(\(|\\left\()?\s*(-?" + _NUM +
                            r")\s*\^\s*(?:\{\s*\\circ\s*\}|\\circ)\s*(\)|\\right\))?")
-_REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*\{\s*(\d+)\s*\}")
+_REPEATING = re.compile(r"(-?)(\d{0,30})\.(\d{0,30})\\overline\s*\{\s*(\d{1,30})\s*\}")
 _E_NOTATION = re.compile(r"(?<![\w.\\])(" + _NUM + r")[eE]([+-]?\d{1,2})(?!\w|\.\d)")
 _TIMES_TEN = re.compile(r"(?<![\w.\\^])(" + _NUM + r")\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,2})\s*\}|([+-]?\d{1,2}))"
                         r"(?![\d.])")
@@ -164,7 +164,7 @@ def unit_of(text: str) -> str | None:
     found = [u for u in found if u]
     if found:
         return found[-1]
-    m = _BARE_UNIT.search(text.strip().rstrip("$").strip())
+    m = _BARE_UNIT.search(text.strip().rstrip("$").strip()[-80:])  # the end only: linear in a long response
     if m is None:
         return None
     unit = canonical_unit(m.group(1))
