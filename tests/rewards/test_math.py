@@ -77,7 +77,7 @@ def test_reference_check_and_budget_are_declared():
     assert NO_TRUTH in v.check_reference(None)
     # The pool's deadline must cover every math-verify call the verifier may make.
     assert v.budget_s("46") >= ((8 + math_mod.MAX_BOXES) * math_mod.PARSE_TIMEOUT_S
-                                + (4 + math_mod.MAX_BOXES) * math_mod.VERIFY_TIMEOUT_S)
+                                + (5 + math_mod.MAX_BOXES) * math_mod.VERIFY_TIMEOUT_S)
 
 
 def test_math_verify_internal_timeout_is_timeout_not_zero(monkeypatch):
@@ -236,6 +236,11 @@ def test_units_must_agree_in_any_spelling(response, truth, reward):
     (r"$\boxed{x > 3}$", r"(3, \infty)", 1.0),                     # inequality vs interval
     ("The solution is x > 3", r"(3,\infty)", 1.0),
     (r"$\boxed{x \ge 3}$", r"(3,\infty)", 0.0),
+    (r"$\boxed{x \le 2 \text{ or } x \ge 5}$", r"(-\infty, 2] \cup [5, \infty)", 1.0),   # "or" is a union
+    (r"The answer is $x \le 2$ or $x \ge 5$.", r"(-\infty, 2] \cup [5, \infty)", 1.0),
+    (r"$\boxed{(-\infty, 2] \cup [5, \infty)}$", r"x \le 2 \text{ or } x \ge 5", 1.0),
+    (r"$\boxed{x < 2 \text{ or } x \ge 5}$", r"(-\infty, 2] \cup [5, \infty)", 0.0),
+    (r"$\boxed{x > 1, x < 3}$", r"(-\infty, \infty)", 0.0),     # overlapping: no union reading
     (r"The answer is $\boxed{A}$, no wait, it is $\boxed{C}$.", "C", 1.0),   # corrected choice
 ])
 def test_forms_math_verify_misreads(response, truth, reward):

@@ -31,13 +31,13 @@ from rlpipe.rewards.math_forms import rewrite_forms, unit_of
 
 # math-verify's alarms take whole seconds. The verifier makes at most 8 + MAX_BOXES parses (reference; answer
 # as plain text, as written, its boxes joined; each of the last MAX_BOXES boxes; up to MAX_HEDGED values
-# joined by "or", and them joined) and 4 + MAX_BOXES comparisons (plain, percent as a label, the imaginary
-# unit; each box with the last; the hedged values with the first).
+# joined by "or", and them joined) and 5 + MAX_BOXES comparisons (plain, percent as a label, inequalities as
+# sets, the imaginary unit; each box but the last with the last; the MAX_HEDGED - 1 other values with the first).
 PARSE_TIMEOUT_S = 2
 VERIFY_TIMEOUT_S = 3
 MAX_BOXES = 4
 MAX_HEDGED = 3
-MATH_BUDGET_S = (8 + MAX_BOXES) * PARSE_TIMEOUT_S + (4 + MAX_BOXES) * VERIFY_TIMEOUT_S + 1.0
+MATH_BUDGET_S = (8 + MAX_BOXES) * PARSE_TIMEOUT_S + (5 + MAX_BOXES) * VERIFY_TIMEOUT_S + 1.0
 TWO_ANSWERS = "the response states two different final answers"
 FLOAT_ROUNDING = 10  # decimals agree when equal after rounding to 10 places
 NUMERIC_PRECISION = 15
@@ -399,6 +399,24 @@ def _with_imaginary_unit(x: Any) -> Any:
     return x.subs(found[0], I) if found else x
 
 
+def _relations_as_set(x: Any) -> Any:
+    """``x <= 2 or x >= 5`` (math-verify: the set {x <= 2, x >= 5}) as the union of what each inequality
+    describes, when they are in one variable and pairwise disjoint (then "and" would describe nothing, so
+    "or" is the only reading); anything else unchanged."""
+    from sympy import FiniteSet, Union
+    from sympy.core.relational import Equality, Relational
+
+    args = x.args if isinstance(x, FiniteSet) else ()
+    if len(args) < 2 or not all(isinstance(a, Relational) and not isinstance(a, Equality) for a in args):
+        return x
+    if len(set().union(*(a.free_symbols for a in args))) != 1:
+        return x
+    sets = [a.as_set() for a in args]
+    if any(not sets[i].intersect(sets[j]).is_empty for i in range(len(sets)) for j in range(i)):
+        return x
+    return Union(*sets)
+
+
 def _only_symbol_i(*xs: Any) -> bool:
     names = {s.name for x in xs for s in getattr(x, "free_symbols", ())}
     return names == {"i"}
@@ -412,6 +430,10 @@ def _equal(gold: Any, pred: Any) -> bool:
     g, p = _percent_value(gold), _percent_value(pred)
     # 0.25% is 0.0025: read as a label it would equal the probability 0.25, so not against a probability.
     if (g is not gold or p is not pred) and not (g is gold and _is_probability(gold)) and _same(g, p):
+        return True
+    # "x <= 2 or x >= 5" describes (-oo, 2] U [5, oo); math-verify compares relations with sets one by one.
+    gs, ps = _relations_as_set(gold), _relations_as_set(pred)
+    if (gs is not gold or ps is not pred) and _same(gs, ps):
         return True
     # i is the imaginary unit where it is the only letter on both sides (MARIO's rule): i^2 = -1.
     return _only_symbol_i(gold, pred) and _same(_with_imaginary_unit(gold), _with_imaginary_unit(pred))
