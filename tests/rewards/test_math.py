@@ -173,6 +173,13 @@ def test_two_different_final_answers_are_wrong(response, truth, reward):
     ("So $x = 5$.\n\nVerification: $2(5) + 1 = 11$, as required.", "11", 0.0),
     ("So $x = 5$.\n\nVerification: $2(5) + 1 = 11$, as required.", "5", 1.0),
     ("Answer: 7\nCheck: 7^2 = 49", "49", 0.0),
+    ("The answer is 3 (check: 3 × 2 = 6).", "6", 0.0),
+    ("The answer is 3, since 3 + 3 = 6.", "6", 0.0),
+    ("The answer is 3, since 3 + 3 = 6.", "3", 1.0),
+    ("**Final answer:** 3\n\n**Verification:** 3*2 = 6", "6", 0.0),
+    ("The answer is 3.\n\n### Verification\n3*2 = 6", "6", 0.0),
+    ("x = 4. Let me check this: 4 + 4 = 8.", "8", 0.0),
+    ("The answer is 3.5.", "3.5", 1.0),   # a decimal point is no sentence end
     # A check before the stated answer, or one the answer follows, leaves the answer where it is.
     (r"Check: $2 \cdot 3 = 6$ works. So the answer is 3.", "3", 1.0),
     ("Square 3 to get 9. Check: 9 - 6 = 3. So x = 3", "3", 1.0),

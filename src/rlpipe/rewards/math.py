@@ -229,12 +229,18 @@ _MATHLIKE = re.compile(r"(?:[\d.,+\-*/^()\[\]{}<>=| ]|\b[a-zA-Z]\b|(?<![a-zA-Z])
 _ANSWER_IS = re.compile(r"(?:answer|result|solution(?: set)?)\s*(?:is|:|=)\s*", re.I)
 
 
+# Where the value after "the answer is" ends: the sentence ("3. Check: 3 x 2 = 6"), a line, or a reason.
+_STATEMENT_END = re.compile(r"\.(?=\s|$)|\n|;|,\s*(?:since|because|as|which|so|for|but)\b", re.I)
+
+
 def _plain_candidate(text: str) -> str | None:
-    """The final answer of a response written without LaTeX delimiters, when it reads as math, else None."""
+    """The final answer of a response written without LaTeX delimiters, when it reads as math, else None:
+    the rest of the sentence after the last "the answer is", else the whole text."""
     if _LATEX_DELIMS.search(text):
         return None
     parts = _ANSWER_IS.split(text)
-    cand = (parts[-1] if len(parts) > 1 else text).strip().rstrip(".").strip()
+    cand = parts[-1] if len(parts) > 1 else text
+    cand = (_STATEMENT_END.split(cand, maxsplit=1)[0] if len(parts) > 1 else cand).strip().rstrip(".").strip()
     return cand if cand and _MATHLIKE.fullmatch(cand) else None
 
 
@@ -267,8 +273,9 @@ _CORRECTION = re.compile(r"\b(?:wait|actually|correct(?:ion|ed|ing)?|mistake|err
 _REJECTION = re.compile(r"\b(?:no|not|fails?|wrong|incorrect|extraneous|reject\w*|discard\w*|impossible|"
                         r"invalid)\b", re.I)
 # A self-check heading ("Check:", "Let me verify:", "Sanity check:") at the start of a sentence or line.
-_CHECK = re.compile(r"(?:^|(?<=[.!?]))[ \t]*(?:\*\*)?(?:let(?:'s| me| us)\s+)?(?:double[- ]?check|sanity check|"
-                    r"check|verify|verification)(?:ing)?(?:\*\*)?\s*:", re.I | re.M)
+_CHECK = re.compile(r"(?:^|(?<=[.!?;(]))[ \t]*(?:#+\s*|\*\*)?(?:let(?:'s| me| us)\s+)?(?:double[- ]?check|"
+                    r"sanity check|check|verify|verification)(?:ing)?(?:\s+(?:it|this|that|the answer))?(?:\*\*)?\s*:",
+                    re.I | re.M)
 # The sentence before a check states a value ("x = 5.", "The answer is 3.", "Answer: 7", "… is 15.").
 _STATES_VALUE = re.compile(r"(?:\bis\b|\bare\b|=|:)\s*\$?\s*[-+(\\\d]")
 # After the last box, the answer stated again with a value: "The final answer is $10,455$".
