@@ -148,7 +148,8 @@ TWO = "0, by the two-answers rule"
     # ... a correction makes the last box the answer, unless the text after it rejects it.
     (r"The answer is $\boxed{B}$. Wait, actually I made an error; the correct choice is $\boxed{C}$.", "C", 1.0),
     (r"The answer is $\boxed{B}$. Wait, actually I made an error; the correct choice is $\boxed{C}$.", "B", 0.0),
-    (r"$\boxed{2}$. Wait, actually $\boxed{3}$ is not right either.", "3", 0.0),
+    (r"$\boxed{2}$. Wait, actually $\boxed{3}$ is not right either.", "3", TWO),
+    (r"The answer is $\boxed{3}$. Wait, is it $\boxed{4}$? The sum would be 11. So it's 3.", "4", TWO),
     # Boxed steps, then the answer stated: the steps are not answers.
     (r"$0.04 \cdot 10,000 = \boxed{400}$, then $\boxed{612}$ more. The final answer is $1012$.", "1012", 1.0),
     # One value in two spellings is one answer.
@@ -179,6 +180,8 @@ def test_two_different_final_answers_are_wrong(response, truth, reward):
     ("**Final answer:** 3\n\n**Verification:** 3*2 = 6", "6", 0.0),
     ("The answer is 3.\n\n### Verification\n3*2 = 6", "6", 0.0),
     ("x = 4. Let me check this: 4 + 4 = 8.", "8", 0.0),
+    ("So the answer is $3$.\n\nTo double-check, $3 \\times 2 = 6$.", "6", 0.0),
+    ("So the answer is $3$.\n\nTo double-check, $3 \\times 2 = 6$.", "3", 1.0),
     ("The answer is 3.5.", "3.5", 1.0),   # a decimal point is no sentence end
     # A check before the stated answer, or one the answer follows, leaves the answer where it is.
     (r"Check: $2 \cdot 3 = 6$ works. So the answer is 3.", "3", 1.0),
@@ -208,6 +211,10 @@ def test_percent_is_no_label_on_a_probability(response, truth, reward):
     (r"$\boxed{15\text{ mph}}$", r"15\text{ km/h}", 0.0),
     (r"$\boxed{5 cm}$", r"5\text{ km}", 0.0),                  # a known unit written bare
     (r"$\boxed{25°C}$", r"25^\circ F", 0.0),
+    ("The volume is 8 cm³.", r"8\text{ cm}^2", 0.0),
+    (r"$\boxed{8 \text{ cm}²}$", r"8\text{ cm}^2", 1.0),
+    (r"$\boxed{36 \text{ km}/\text{h}}$", r"36\text{ m/s}", 0.0),
+    (r"$\boxed{36 \text{ km}/\text{h}}$", r"36\text{ km/h}", 1.0),
     (r"$\boxed{60 \text{ mph}}$", r"60\text{ miles per hour}", 1.0),
     ("The car travels at 60 mph.", r"60\text{ miles per hour}", 1.0),
     (r"$\boxed{5 \text{ cm}}$", r"5\text{ centimeters}", 1.0),

@@ -26,6 +26,7 @@ from rlpipe.rewards.math_forms import canonical_unit, rewrite_forms, unit_of
     (r"\boxed{-1 1/2}", r"\boxed{-\frac{3}{2}}"),
     ("7 8/4", "7 8/4"),                                      # not a proper fraction: left alone
     ("2e^{x}", "2e^{x}"),                                    # Euler's number is no exponent marker
+    ("8 cm² and x³", "8 cm^{2} and x^{3}"),                    # superscript digits
 ])
 def test_rewrite_forms(text, rewritten):
     assert rewrite_forms(text) == rewritten
@@ -46,6 +47,7 @@ def test_canonical_unit(unit, canonical):
 @pytest.mark.parametrize("text,unit", [
     (r"5\mathrm{~m}", "m"), (r"5\text{ km}", "km"), (r"8 \text{ cm}^3", "cm^3"), (r"100 \mathrm{~cm}^{2}", "cm^2"),
     ("The car travels at 60 mph.", "mi/h"),        # a known unit written bare at the end
+    (r"36 \text{ km}/\text{h}", "km/h"),            # one unit over another is one unit
     ("5 cm", "cm"),
     ("5 x", None), ("12 apples", None),            # bare letters that are no known unit
     (r"x=3 \text{ or } x=4", None), (r"\text{(C)}", None), ("46", None),

@@ -270,12 +270,12 @@ def _parse_answer(text: str, gold: Any) -> Any | None:
 _CORRECTION = re.compile(r"\b(?:wait|actually|correct(?:ion|ed|ing)?|mistake|error|instead|on (?:second thought|"
                          r"reflection)|re-?(?:comput|calculat)\w*|(?:was|is) wrong|scratch that)\b", re.I)
 # After the last box: words that reject it ("Is \boxed{4} possible? No, 4 is extraneous").
-_REJECTION = re.compile(r"\b(?:no|not|fails?|wrong|incorrect|extraneous|reject\w*|discard\w*|impossible|"
-                        r"invalid)\b", re.I)
+_REJECTION = re.compile(r"\b(?:no|not|\w+n't|fails?|wrong|incorrect|extraneous|reject\w*|discard\w*|impossible|"
+                        r"invalid|too (?:big|large|small))\b", re.I)
 # A self-check heading ("Check:", "Let me verify:", "Sanity check:") at the start of a sentence or line.
-_CHECK = re.compile(r"(?:^|(?<=[.!?;(]))[ \t]*(?:#+\s*|\*\*)?(?:let(?:'s| me| us)\s+)?(?:double[- ]?check|"
-                    r"sanity check|check|verify|verification)(?:ing)?(?:\s+(?:it|this|that|the answer))?(?:\*\*)?\s*:",
-                    re.I | re.M)
+_CHECK = re.compile(r"(?:^|(?<=[.!?;(]))[ \t]*(?:#+\s*|\*\*)?(?:let(?:'s| me| us)\s+|to\s+|we can\s+|as an?\s+)?"
+                    r"(?:double[- ]?check|sanity check|check|verify|verification)(?:ing)?"
+                    r"(?:\s+(?:it|this|that|the answer))?(?:\*\*)?\s*[:,]", re.I | re.M)
 # The sentence before a check states a value ("x = 5.", "The answer is 3.", "Answer: 7", "… is 15.").
 _STATES_VALUE = re.compile(r"(?:\bis\b|\bare\b|=|:)\s*\$?\s*[-+(\\\d]")
 # After the last box, the answer stated again with a value: "The final answer is $10,455$".
@@ -319,7 +319,10 @@ def _box_verdict(text: str, multi: bool) -> tuple[str, Any]:
     # "… = \boxed{200} … = \boxed{255} … The final answer is 10,455": boxed steps, then the answer stated.
     if not differ or _ANSWER_AFTER.search(text[end:]):
         return "", None
-    if _CORRECTION.search(text[differ[-1]:start]) and not _REJECTION.search(text[end:]):
+    # A correction counts when the corrected box closes the response: nothing after it rejects it or goes
+    # on to other numbers ("… \boxed{4}? The sum would be 11, so it's 3.").
+    after = text[end:]
+    if _CORRECTION.search(text[differ[-1]:start]) and not (_REJECTION.search(after) or re.search(r"\d", after)):
         return "last", last
     return "two", None
 

@@ -15,6 +15,7 @@ Each was found by an audit case (``datasets/audit/math_graders.jsonl``, category
 - ``6.02e23`` was read as 6.02·e·23, and ``6.02 \\times 10^{23}`` as a 15-digit float that math-verify
   rounds to 10 decimal places (so it differed from the integer 602000000000000000000000); e-notation,
   ``× 10^n`` and ``3.5 million`` are written out as exact plain decimals [sci_notation, number_words].
+- ``cm²`` / ``x³``: superscript digits are written ``^{2}`` / ``^{3}``.
 - ``7 3/4`` was read as 7·3/4 = 21/4; a whole number, a space and a proper fraction is a mixed number
   (prm800k's grader reads it so too) [mixed_numbers].
 
@@ -86,7 +87,7 @@ def _trig_degrees(m: re.Match[str]) -> str:
 
 def rewrite_forms(text: str) -> str:
     """Every rewrite of the module docstring, in an order where each sees the previous one's output."""
-    text = _DOLLAR.sub("", text)
+    text = _DOLLAR.sub("", text).replace("²", "^{2}").replace("³", "^{3}")
     text = _TEMPERATURE.sub(r"\\text{ deg\1}", text)
     text = _DEGREE_SIGN.sub(r"^{\\circ}", text)
     text = _TRIG_DEGREES.sub(_trig_degrees, text)
@@ -114,6 +115,7 @@ _SPEEDS = {"mph": "mi/h", "kph": "km/h", "kmph": "km/h", "kmh": "km/h", "fps": "
 _NOT_UNITS = {"or", "and", "e", "i", "", "if", "for", "when", "where", "so", "to", "th", "st", "nd", "rd"}
 # \text{ cm}^2, \mathrm{~m}, \mbox{km/h}: the braces' content and a power after them.
 _TEXT_UNIT = re.compile(r"\\(?:text|mathrm|mbox|textrm|operatorname)\s*\{([^{}]*)\}(\s*\^\s*\{?\s*[23]\s*\}?)?")
+_UNIT_OVER_UNIT = re.compile(r"\}\s*/\s*\\(?:text|mathrm|mbox|textrm)\s*\{")
 # 5 cm, 60 mph, 9 sq ft at the end of a box or answer: a number, a space, then unit letters.
 _BARE_UNIT = re.compile(r"\d\s*(?:\\[,;:! ]|~|\s)\s*((?:sq\.?\s+|square\s+|cubic\s+|cu\.?\s+)?[A-Za-z][A-Za-z/ ]*"
                         r"(?:\^\s*\{?\s*[23]\s*\}?)?)\s*\.?\s*$")
@@ -160,6 +162,7 @@ def canonical_unit(unit: str) -> str | None:
 def unit_of(text: str) -> str | None:
     """The canonical unit ``text`` ends with: the last ``\\text{…}`` unit, else a known unit written bare after
     a number at the very end (``60 mph``); None when it names none."""
+    text = _UNIT_OVER_UNIT.sub("/", text)  # \text{km}/\text{h} is one unit, km/h
     found = [canonical_unit(body + (power or "")) for body, power in _TEXT_UNIT.findall(text)]
     found = [u for u in found if u]
     if found:
