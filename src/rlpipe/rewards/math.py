@@ -7,17 +7,17 @@ setting the alarm, so there the verifier calls it without its internal timeout: 
 score the model's own short answers and references from the dataset, and the pool — the only
 place arbitrary model output is judged in a run — still enforces a hard deadline from outside.
 
-The two-answers rule: a response that states two different final answers is wrong, even when one of
-them is right, because paying it would teach a policy to hedge. It states two answers when its final
-statement joins different values (numbers, ``x = number``) with "or", "and" or "alternatively" ("3 or 4",
-"x = 3 or x = 4", "10, or maybe 12", "3 (if n is even) or 4", ``\\boxed{3 \\text{ or } 4}``), or when it boxes different values (``\\boxed{3} … \\boxed{4}``) — unless the
-words between the boxes correct the earlier one ("wait, actually", "correction", "I made an error") and
-nothing after the last box rejects it, in which case the last box is the answer; boxed intermediate steps
-followed by "the final answer is …" are steps, not answers. Two spellings of one value (``\\frac12`` or
-``0.5``) are one answer. When the reference itself holds several answers (``3, 4``, ``\\{3, 4\\}``,
-``x=3 or x=4``) the values are read together as one list and compared with it. The check runs on the
-response without a trailing self-check ("The answer is 3. Check: 3 × 2 = 6"): the check's numbers are not
-an answer.
+The two-answers rule: a response that states two different final answers is wrong, even when one of them
+is right, because paying it would teach a policy to hedge. It states two answers when its final statement
+joins different values (numbers, ``x = number``) with "or", "and" or "alternatively" ("3 or 4", "x = 3 or
+x = 4", "10, or maybe 12", "3 (if n is even) or 4", ``\\boxed{3 \\text{ or } 4}``), or when it boxes
+different values (``\\boxed{3} … \\boxed{4}``) — unless the words between the boxes correct the earlier
+one ("wait, actually", "correction", "I made an error") and the last box closes the response (nothing
+after it rejects it or names another number), in which case the last box is the answer; boxed intermediate steps followed by "the final answer is …" are
+steps, not answers. Two spellings of one value (``\\frac12`` or ``0.5``) are one answer. When the
+reference itself holds several answers (``3, 4``, ``\\{3, 4\\}``, ``x=3 or x=4``) the values are read
+together as one list and compared with it. The check runs on the response without a trailing self-check
+("The answer is 3. Check: 3 × 2 = 6"): the check's numbers are not an answer.
 """
 
 from __future__ import annotations
@@ -350,8 +350,9 @@ def _answer_like(x: Any) -> bool:
 
 def _hedge_verdict(text: str, multi: bool) -> tuple[str, Any]:
     """Values joined by "or" / "and" in the final statement ("3 or 4", "x = 3 or x = 4", "10, or maybe 12",
-    "3 and 4", "3. Alternatively, it could be 4"): when they differ, ``("two", None)`` against a one-answer reference, ``("list", values)`` against a reference that
-    holds several; ``("", None)`` when there is no hedge or its values are one value."""
+    "3 and 4", "3. Alternatively, it could be 4"): when they differ, ``("two", None)`` against a one-answer
+    reference, ``("list", values)`` against a reference that holds several; ``("", None)`` when there is no
+    hedge or its values are one value."""
     # The final statement's end only (a hedge closes the response): linear time on a long last sentence.
     span, values = _TEXT_OR.sub(" or ", _final_span(text)[-400:]), []
     for m in _HEDGE.finditer(span):
@@ -433,8 +434,8 @@ def _only_symbol_i(*xs: Any) -> bool:
 
 
 def _equal(gold: Any, pred: Any) -> bool:
-    """math-verify's comparison, then the percent-as-label reading, then ``i`` as the imaginary unit (see the
-    ``math`` docstring)."""
+    """math-verify's comparison, then the percent-as-label reading, inequalities joined by "or" as a union,
+    and ``i`` as the imaginary unit (see the ``math`` docstring)."""
     if _same(gold, pred):
         return True
     g, p = _percent_value(gold), _percent_value(pred)

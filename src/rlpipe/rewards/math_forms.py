@@ -38,8 +38,8 @@ _TRIG_DEGREES = re.compile(r"(\\(?:sin|cos|tan|sec|csc|cot))\s*(\(|\\left\()?\s*
                            r")\s*\^\s*(?:\{\s*\\circ\s*\}|\\circ)\s*(\)|\\right\))?")
 _REPEATING = re.compile(r"(-?)(\d{0,30})\.(\d{0,30})\\overline\s*\{\s*(\d{1,30})\s*\}")
 _E_NOTATION = re.compile(r"(?<![\w.\\])(" + _NUM + r")[eE]([+-]?\d{1,2})(?!\w|\.\d)")
-_TIMES_TEN = re.compile(r"(?<![\w.\\^])(" + _NUM + r")\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,2})\s*\}|([+-]?\d{1,2}))"
-                        r"(?![\d.])")
+_TIMES_TEN = re.compile(r"(?<![\w.\\^])(" + _NUM + r")\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*"
+                        r"(?:\{\s*([+-]?\d{1,2})\s*\}|([+-]?\d{1,2}))(?![\d.])")
 _SCALE = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
 _NUMBER_WORD = re.compile(r"(?<![\w.])(" + _NUM + r")\s*(?:\\(?:text|mbox|mathrm|textrm)\s*\{\s*)?"
                           r"(thousand|million|billion|trillion)\b\s*\}?")
