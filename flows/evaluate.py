@@ -111,8 +111,8 @@ def evaluate_suite(
     summary = {
         "kind": "evaluate-suite", "run_id": run_id, "model": model, "name": candidate.name, "version": candidate.version,
         "weights_sha256": result["weights_sha256"], "suite": [b.name for b in benchmarks], "experiment": experiment,
-        "benchmarks": {b["name"]: {"metrics": b["metrics"], "prompts": b["prompts"], "dataset_version": b["dataset_version"],
-                                   "problems": b["problems"]} for b in result["benchmarks"]},
+        "benchmarks": {b["name"]: {k: b[k] for k in ("metrics", "prompts", "dataset_version", "problems")}
+                       for b in result["benchmarks"]},
         "mlflow_run_id": mlflow_run, "wall_s": round(time.perf_counter() - start, 2),
     }
     write_summary(settings(), run_id, summary)

@@ -25,8 +25,8 @@ from pydantic import Field, model_validator
 from rlpipe.config import ConfigError, _Strict, apply_overrides, read_yaml, validate_model
 from rlpipe.evaluation import Judged, benchmark_metrics
 
-__all__ = ["Benchmark", "PreparedBenchmark", "EVALS_DIR", "cut_at_stop", "load_suite", "prepare_benchmark",
-           "render_prompt_text", "run_benchmark", "suite_context"]
+__all__ = ["Benchmark", "PreparedBenchmark", "SamplingSpec", "EVALS_DIR", "benchmark_rows", "cut_at_stop", "load_benchmark",
+           "load_suite", "prepare_benchmark", "render_prompt_text", "run_benchmark", "suite_context"]
 
 EVALS_DIR = Path("configs") / "evals"  # benchmark names are looked up here, under the current directory first
 _CHECKOUT = Path(__file__).resolve().parents[2]  # then under the checkout this package runs from
