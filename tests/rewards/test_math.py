@@ -152,6 +152,8 @@ TWO = "0, by the two-answers rule"
     (r"The answer is $\boxed{3}$. Wait, is it $\boxed{4}$? The sum would be 11. So it's 3.", "4", TWO),
     # Boxed steps, then the answer stated: the steps are not answers.
     (r"$0.04 \cdot 10,000 = \boxed{400}$, then $\boxed{612}$ more. The final answer is $1012$.", "1012", 1.0),
+    (r"Part one gives $\boxed{12}$ and part two $\boxed{2}$. The final answer is $\boxed{14}$.", "14", 1.0),
+    (r"The final answer is $\boxed{3}$ or $\boxed{4}$.", "4", TWO),
     # One value in two spellings is one answer.
     (r"The answer is $\boxed{\frac12}$, or in decimal form $\boxed{0.5}$.", "0.5", 1.0),
     ("The answer is 6 or 6.0, the same number.", "6", 1.0),

@@ -13,8 +13,8 @@ joins different values (numbers, ``x = number``) with "or", "and" or "alternativ
 x = 4", "10, or maybe 12", "3 (if n is even) or 4", ``\\boxed{3 \\text{ or } 4}``), or when it boxes
 different values (``\\boxed{3} … \\boxed{4}``) — unless the words between the boxes correct the earlier
 one ("wait, actually", "correction", "I made an error") and the last box closes the response (nothing
-after it rejects it or names another number), in which case the last box is the answer; boxed intermediate steps followed by "the final answer is …" are
-steps, not answers. Two spellings of one value (``\\frac12`` or ``0.5``) are one answer. When the
+after it rejects it or names another number), in which case the last box is the answer; boxed intermediate steps followed by "the final answer is …" (boxed or
+not) are steps, not answers. Two spellings of one value (``\\frac12`` or ``0.5``) are one answer. When the
 reference itself holds several answers (``3, 4``, ``\\{3, 4\\}``, ``x=3 or x=4``) the values are read
 together as one list and compared with it. The check runs on the response without a trailing self-check
 ("The answer is 3. Check: 3 × 2 = 6"): the check's numbers are not an answer.
@@ -280,6 +280,8 @@ _CHECK = re.compile(r"(?:^|(?<=[.!?;(]))[ \t]*(?:#+\s*|\*\*)?(?:let(?:'s| me| us
 _STATES_VALUE = re.compile(r"(?:\bis\b|\bare\b|=|:)\s*\$?\s*[-+(\\\d]")
 # After the last box, the answer stated again with a value: "The final answer is $10,455$".
 _ANSWER_AFTER = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*[-+($\\\d]", re.I)
+# Right before the last box: "The final answer is $\boxed{…}": the boxes before it were steps.
+_FINAL_BEFORE = re.compile(r"final answer\s*(?:is|:|=)?\s*:?\s*\$*\s*$", re.I)
 _STATES_ANSWER = re.compile(r"(?:answer|result)\s*(?:is|:|=)|\\boxed|\\fbox", re.I)
 _TEXT_OR = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*or\s*\}")
 # One value on either side of "or": $…$, \(…\), "x = 3", a fraction or a number.
@@ -322,7 +324,9 @@ def _box_verdict(text: str, multi: bool) -> tuple[str, Any]:
     # A correction counts when the corrected box closes the response: nothing after it rejects it or goes
     # on to other numbers ("… \boxed{4}? The sum would be 11, so it's 3.").
     after = text[end:]
-    if _CORRECTION.search(text[differ[-1]:start]) and not (_REJECTION.search(after) or re.search(r"\d", after)):
+    closes = not (_REJECTION.search(after) or re.search(r"\d", after))
+    final = _FINAL_BEFORE.search(text[max(0, start - 40):start]) is not None
+    if closes and (final or _CORRECTION.search(text[differ[-1]:start])):
         return "last", last
     return "two", None
 
