@@ -13,11 +13,12 @@ joins different values (numbers, ``x = number``) with "or", "and" or "alternativ
 x = 4", "10, or maybe 12", "3 (if n is even) or 4", ``\\boxed{3 \\text{ or } 4}``), or when it boxes
 different values (``\\boxed{3} … \\boxed{4}``) — unless the words between the boxes correct the earlier
 one ("wait, actually", "correction", "I made an error") and the last box closes the response (nothing
-after it rejects it or names another number), in which case the last box is the answer; boxed intermediate steps followed by "the final answer is …" (boxed or
-not) are steps, not answers. Two spellings of one value (``\\frac12`` or ``0.5``) are one answer. When the
-reference itself holds several answers (``3, 4``, ``\\{3, 4\\}``, ``x=3 or x=4``) the values are read
-together as one list and compared with it. The check runs on the response without a trailing self-check
-("The answer is 3. Check: 3 × 2 = 6"): the check's numbers are not an answer.
+after it rejects it or names another number), in which case the last box is the answer; boxed
+intermediate steps followed by "the final answer is …" (boxed or not) are steps, not answers. Two
+spellings of one value (``\\frac12`` or ``0.5``) are one answer. When the reference itself holds several
+answers (``3, 4``, ``\\{3, 4\\}``, ``x=3 or x=4``) the values are read together as one list and compared
+with it. The check runs on the response without a trailing self-check ("The answer is 3. Check: 3 × 2 =
+6"): the check's numbers are not an answer.
 """
 
 from __future__ import annotations
