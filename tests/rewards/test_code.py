@@ -120,6 +120,24 @@ def test_forgery_attempts_score_zero(name):
     assert res.isolation == FULL
 
 
+def test_the_programs_objects_stay_there_as_handles():
+    """MBPP/601 builds the program's own class in the test; MBPP/533 passes a type. Handles compare by identity
+    and go back to the program; they never equal a value, so returning an object is never paid as one."""
+    gt = json.dumps({"tests": [
+        "assert chain([Pair(5, 24), Pair(15, 25), Pair(27, 40)]) == 2",
+        "p = Pair(1, 2)\nassert same(p) == p and same(p) != Pair(1, 2)",
+        "assert drop((4, 5, 7.7, 'x'), int) == [7.7, 'x'] and kind(3) == int",
+        "assert Pair(1, 2) != (1, 2) and Pair(1, 2) != 0",
+    ]})
+    prog = ("class Pair:\n    def __init__(s, a, b): s.a, s.b = a, b\n"
+            "    def __eq__(s, o): return True\n"
+            "def chain(ps): return sum(1 for x, y in zip(ps, ps[1:]) if y.a > x.b) + 1\n"
+            "def same(p): return p\ndef drop(t, ty): return [x for x in t if not isinstance(x, ty)]\n"
+            "def kind(x): return type(x)")
+    res = code(prog, gt, **FAST)
+    assert (res.status, res.reward) == ("ok", 1.0), res.reason
+
+
 def test_entry_point_named_like_a_builtin_is_the_programs_and_no_other_builtin_is():
     """MBPP/126 names its function `sum`; MBPP's harness runs the program's. Only the entry point may shadow."""
     gt = json.dumps({"tests": ["assert sum(10, 15) == 6", "assert abs(sum(4, 6) - 3) < 1e-9"], "entry_point": "sum"})
@@ -166,7 +184,7 @@ HONEST = "```python\ndef add(a, b):\n    return a + b\n```"
         ("def add(a, b):\n    return float(a + b)", 1.0, "3/3 passed"),  # 3.0 == 3, ordinary semantics
         ("def add(a, b):\n    return (a + b, )", 0.0, "assertion failed"),
         ("def add(a, b):\n    return iter([a + b])", 0.0, "assertion failed"),  # materialised: [3] != 3
-        ("import re\ndef add(a, b):\n    return re.match('.', 'x')", 0.0, "not a plain value: Match"),
+        ("import re\ndef add(a, b):\n    return re.match('.', 'x')", 0.0, "assertion failed"),  # a handle, never 3
         ("def plus(a, b):\n    return a + b", 0.0, "NameError: name 'add' is not defined"),
         ("", 0.0, "empty program"),
     ],

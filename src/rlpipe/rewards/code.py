@@ -13,13 +13,16 @@ test code (reference text: loops, seeded ``random``, helper functions, ``check(c
 own interpreter; every name the test takes from the program is a proxy there. The program runs in a
 second, fresh interpreter (``__name__ == "__solution__"``, so its ``__main__`` block does not run),
 which answers calls on a private pipe: the arguments go over as plain data, the result comes back as
-plain data (tagged JSON: builtins, ``Fraction``, ``Decimal``, ``Counter``, ``OrderedDict``, ``deque``,
-``range``; subclasses as their base type's value; iterators, generators, ``map``/``filter``/``zip``
-and dict views materialised as lists; anything else, e.g. a regex match or the program's own class,
-is "not a plain value" and fails that test). A list, dict or set argument the function mutates comes
+plain data (tagged JSON: builtins and builtin types, ``Fraction``, ``Decimal``, ``Counter``,
+``OrderedDict``, ``deque``, ``range``; subclasses as their base type's value; iterators, generators,
+``map``/``filter``/``zip`` and dict views materialised as lists; a set rebuilt as a set literal is, so
+int sets iterate in the same order). Anything else — an instance of the program's class, a regex
+match — stays in the program's interpreter: the test holds a *handle* to it, which equals only a
+handle to the same object and can only be passed back to the program (MBPP's ``Pair(5, 24)``), so it
+never equals a value the test expects. A list, dict or set argument the function mutates comes
 back mutated. Setup code that builds objects of the program's own classes runs in the program's
-interpreter; the test holds them as handles it can only pass back to the program. The harness rebuilds real values and evaluates the test on them, so a result cannot
-carry ``__eq__``, ``__bool__`` or any other code into the comparison. Each test has its own budget
+interpreter; the test holds them as handles too. The harness rebuilds real values and evaluates the
+test on them, so a result cannot carry ``__eq__``, ``__bool__`` or any other code into the comparison. Each test has its own budget
 (``test_s``; ``check_s`` for a whole HumanEval ``check``); a program that hangs is killed and, at
 most ``RESTARTS`` times, started afresh for the next test.
 
@@ -50,7 +53,7 @@ input it sees. (3) Side channels: timing, memory use, the order of calls. (4) A 
 does not protect (see ``rlpipe.sandbox``).
 
 **Verdict rule.** ``ok`` means the program was judged: what the program does wrong (syntax error,
-exception, wrong or non-plain value, a name the tests need that it does not define, its own budget
+exception, wrong value, a name the tests need that it does not define, its own budget
 exceeded, memory limit, ending or killing the harness before it reports, flooding the output) is
 reward 0 for the affected tests, status ``ok``. Failures of the verification itself — no sandbox,
 sandbox setup failed, the sandbox launcher died, the harness never started, the sandbox's wall clock

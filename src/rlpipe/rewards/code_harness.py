@@ -66,9 +66,14 @@ def enc(x, depth=0):
             if len(items) > _MAX_ITEMS:
                 raise ValueError("iterator longer than %d items" % _MAX_ITEMS)
         return ["l", items]
-    raise TypeError("not a plain value: " + type(x).__name__)
+    if any(x is t for t in _TYPES.values()):
+        return ["T", x.__name__]
+    return enc_other(x)
 
-_SEQ = {"l": list, "t": tuple, "S": set, "F": frozenset, "q": _co.deque}
+_TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bool, list, tuple, dict, set, frozenset, type(None))}
+# A set is rebuilt through a frozenset, as a set literal of the test is: same table layout, so the same
+# iteration order on both sides for ints (a test that depends on it, MBPP/341, judges as in MBPP's harness).
+_SEQ = {"l": list, "t": tuple, "S": lambda it: set(frozenset(it)), "F": frozenset, "q": _co.deque}
 _MAP = {"d": dict, "C": _co.Counter, "O": _co.OrderedDict}
 
 def dec(x, depth=0):
@@ -93,6 +98,10 @@ def dec(x, depth=0):
         return _dc.Decimal(rest[0])
     if tag == "R" and len(rest) == 3 and all(type(r) is int for r in rest):
         return range(*rest)
+    if tag == "T" and len(rest) == 1 and rest[0] in _TYPES:
+        return _TYPES[rest[0]]
+    if tag == "H" and len(rest) == 2 and type(rest[0]) is int and type(rest[1]) is str:
+        return dec_handle(rest[0], rest[1][:80])
     if tag in _SEQ and len(rest) == 1 and type(rest[0]) is list:
         return _SEQ[tag](dec(v, depth + 1) for v in rest[0])
     if tag in _MAP and len(rest) == 1 and type(rest[0]) is list:
@@ -116,6 +125,20 @@ sys.stdin, sys.stdout, sys.stderr = open(os.devnull), open(os.devnull, "w"), ope
 _inbox = os.fdopen(_rd, "rb")
 _write, _exit, _dumps, _loads = os.write, os._exit, json.dumps, json.loads
 """ + CODEC + r"""
+objs, _index = [], {}
+
+def enc_other(x):
+    # An object that is not plain data stays here; the test gets a handle it can only pass back
+    # (the same object, the same handle: they are kept alive, so id() stays theirs).
+    i = _index.get(id(x))
+    if i is None:
+        objs.append(x)
+        i = _index[id(x)] = len(objs) - 1
+    return ["H", i, type(x).__name__]
+
+def dec_handle(i, kind):
+    return objs[i]
+
 def send(obj):
     data = (_dumps(obj) + "\n").encode("utf-8", "replace")
     while data:
@@ -146,23 +169,15 @@ send({"ready": True})
 def name_kind(n):
     if n not in ns:
         return ["missing"]
-    if callable(ns[n]) and not isinstance(ns[n], type):
+    if callable(ns[n]):
         return ["f"]
-    try:
-        return ["v", enc(ns[n])]
-    except (TypeError, ValueError):
-        return ["h"]
-
-def arg(a):
-    if type(a) is list and len(a) == 2 and a[0] == "H" and type(a[1]) is str:
-        return ns[a[1]]
-    return dec(a)
+    return ["v", enc(ns[n])]
 
 def answer(req):
     if req.get("op") == "names":
         return {"names": {n: name_kind(n) for n in req["names"]}}
-    args = [arg(a) for a in req["a"]]
-    kwargs = {k: arg(v) for k, v in req["k"].items()}
+    args = [dec(a) for a in req["a"]]
+    kwargs = {k: dec(v) for k, v in req["k"].items()}
     result = ns[req["n"]](*args, **kwargs)
     after = [enc(a) if isinstance(a, (list, dict, set)) else None for a in args]
     return {"v": enc(result), "a": after}
@@ -281,16 +296,27 @@ class Program:
 program = Program()
 
 class Handle:
-    # An object of the program's that the test's setup built in the program's interpreter (e.g. a tree of
-    # the program's Node class): the test can only pass it back to the program's functions.
-    def __init__(self, name):
-        self._name = name
+    # An object of the program's (an instance of its class, a function it returned): it stays in the
+    # program's interpreter; the test can compare handles by identity and pass them back, nothing more.
+    def __init__(self, i, kind):
+        self._id, self._kind = i, kind
+
+    def __eq__(self, other):
+        return isinstance(other, Handle) and other._id == self._id
+
+    def __hash__(self):
+        return hash(("rlpipe-handle", self._id))
 
     def __repr__(self):
-        return "<program object %s>" % self._name
+        return "<program object of type %s>" % self._kind
 
-def enc_arg(a):
-    return ["H", a._name] if isinstance(a, Handle) else enc(a)
+def enc_other(x):
+    if isinstance(x, Handle):
+        return ["H", x._id, x._kind]
+    raise TypeError("not a plain value: " + type(x).__name__)
+
+def dec_handle(i, kind):
+    return Handle(i, kind)
 
 class Proxy:
     # A name the test takes from the program: calling it calls the program's function.
@@ -298,8 +324,8 @@ class Proxy:
         self._name = name
 
     def __call__(self, *args, **kwargs):
-        reply = program.ask({"op": "call", "n": self._name, "a": [enc_arg(a) for a in args],
-                             "k": {str(k): enc_arg(v) for k, v in kwargs.items()}})
+        reply = program.ask({"op": "call", "n": self._name, "a": [enc(a) for a in args],
+                             "k": {str(k): enc(v) for k, v in kwargs.items()}})
         if "e" in reply:
             raise ProgramFault("%s raised %s" % (self._name, str(reply["e"])[:250]))
         try:
@@ -333,8 +359,6 @@ def bind(env, seconds):
                 env[n] = Proxy(n)
             elif type(kind) is list and kind[0] == "v" and len(kind) == 2:
                 env[n] = dec(kind[1])
-            elif type(kind) is list and kind[0] == "h":
-                env[n] = Handle(n)
     if spec["entry_point"]:
         env["candidate"] = Proxy(spec["entry_point"])
 
