@@ -30,6 +30,21 @@ from tasks.rl import evaluate, read_progress, run_dir, run_history, run_state, s
 from tasks.tracking import end_tracking, log_metrics, start_tracking
 
 
+def _with_local_models(config: RunConfig) -> RunConfig:
+    """A copy whose reference and critic models are local folders (``models:/`` and s3:// fetched), for the
+    services. The config as given stays the run's record: a resume compares that one, so a ``models:/`` URI
+    recorded as a cache path would never match again."""
+    ref_spec, critic_spec = config.task.ref_model, config.train.critic.model
+    if not (ref_spec or critic_spec):
+        return config
+    config = config.model_copy(deep=True)
+    if ref_spec:
+        config.task.ref_model = _local_model(ref_spec, config)
+    if critic_spec:
+        config.train.critic.model = _local_model(critic_spec, config)
+    return config
+
+
 def _local_model(spec: str | None, config: RunConfig) -> str | None:
     if spec is None:
         return None
@@ -99,13 +114,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     first = progress.get("completed_iteration", -1) + 1
     resume_dir = progress.get("resume_dir")
     model_dir = _local_model(config.task.policy_model, config)
-    ref_spec, critic_spec = config.task.ref_model, config.train.critic.model
-    if ref_spec or critic_spec:
-        config = config.model_copy(deep=True)
-        if ref_spec:
-            config.task.ref_model = _local_model(ref_spec, config)
-        if critic_spec:
-            config.train.critic.model = _local_model(critic_spec, config)
+    recorded = config  # as given: what a resume compares and the records name (models:/ URIs, not cache paths)
+    config = _with_local_models(config)
     sysmon = (Tracker(settings(), config).system_metrics(mlflow_run, config.tracking.system_metrics_s)
               if mlflow_run and config.tracking.system_metrics_s else None)
     try:
@@ -116,8 +126,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             val = evaluate(config, run_id, "validation")
             progress = progress | {"base_accuracy": base["accuracy"], "base_validation_accuracy": val["accuracy"],
                                    "base_policy": base["policy_version"], "heldout_n": base["n"],
-                                   "dataset_version": dataset["version"], "config_fingerprint": config.fingerprint(),
-                                   "resume_fingerprint": resume_fingerprint(config), "config": config.flat(),
+                                   "dataset_version": dataset["version"], "config_fingerprint": recorded.fingerprint(),
+                                   "resume_fingerprint": resume_fingerprint(recorded), "config": recorded.flat(),
                                    "reward_model_version": services.get("reward_model_version"),
                                    "base_true_score": base["true_score"], "base_rm_score": base["rm_score"],
                                    "base_mean_steps": base.get("mean_steps"),
@@ -149,6 +159,7 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
             sysmon.finish()
     progress = read_progress(run_id) or {}
     summary = _summary(config, run_id, dataset, mlflow_run, progress, services, time.perf_counter() - start)
+    summary["config_fingerprint"] = recorded.fingerprint()  # the one MLflow and progress.json record
     cost = ("cpu_s_total", "cpu_s_per_iteration", "cpu_s_per_heldout_point", "gpu_s_total", "gpu_s_per_heldout_point")
     log_metrics(config, mlflow_run, {f"cost/{k}": float(summary[k]) for k in cost if summary.get(k) is not None},
                 max(summary["iterations_done"] - 1, 0))

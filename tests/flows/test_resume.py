@@ -119,3 +119,21 @@ def test_progress_without_its_state_and_no_save_point_is_refused_not_restarted()
     fresh = run_state(config, "rl-new")  # a run that never finished an iteration starts at 0, as asked
     fresh.write_local({"completed_iteration": -1, "config": config.flat(), "dataset_version": "d1"})
     assert _resume_point(config, "rl-new", "d1", allow_change=False)[0]["completed_iteration"] == -1
+
+
+def test_a_run_with_models_uri_reference_and_critic_resumes(api, reference):
+    """task.ref_model and train.critic.model given as models:/ URIs are fetched to local folders for the
+    services, but the run records them as given: extending the run is a resume, not a changed config
+    (it was refused with `task.ref_model: '/…/cache/…' → 'models:/…'`, exit 4)."""
+    sets, _ = reference
+    name = load_config(None, sets).registered_model  # the reference run registered its iterations, @last the newest
+    uri = f"models:/{name}@last"
+    extra = [f"task.ref_model={uri}", f"train.critic.model={uri}", "train.algorithm=ppo", "train.kl_coef=0.01"]
+    one = [s for s in sets if not s.startswith("train.total_iterations=")] + extra
+    first = _cli(_args("rl-uri", one + ["train.total_iterations=1"]), {}, api)
+    assert first.returncode == 0, first.stderr[-3000:]
+    progress = json.loads((settings().run_dir("rl-uri") / "progress.json").read_text())
+    assert progress["config"]["task.ref_model"] == progress["config"]["train.critic.model"] == uri
+    longer = _cli(_args("rl-uri", one + ["train.total_iterations=2"]), {}, api)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert json.loads((settings().run_dir("rl-uri") / "summary.json").read_text())["iterations_done"] == 2
