@@ -420,3 +420,17 @@ def test_python_expr_reference():
     pe = get_verifier("python_expr")
     assert pe("1", None).status == "error" and pe.check_reference("") and pe.check_reference("46") is None
     assert pe.version == "2"
+
+
+def _harness_broken(nonce):  # the test harness started, then could not make itself undumpable (prctl refused)
+    out = "".join(f"\n@@RLPIPE@@{nonce} " + json.dumps(r) + "\n" for r in (
+        {"k": "start", "t": time.monotonic()},
+        {"k": "broken", "error": "the test harness could not make itself undumpable (prctl PR_SET_DUMPABLE)"}))
+    return SandboxResult("ok", 0, out, "", 0.1, 0.05, FULL)
+
+
+def test_a_harness_that_cannot_protect_itself_is_an_error_not_a_zero(monkeypatch):
+    monkeypatch.setattr(rlpipe.sandbox, "run_python", _fake(_harness_broken))
+    res = code(HONEST, ADD)
+    assert (res.status, res.reward, res.isolation) == ("error", None, FULL), res
+    assert "undumpable" in res.reason

@@ -27,7 +27,7 @@ def _theirs(program, check):
 
 
 def _wrong(program, entry_point):
-    """The canonical program with its function returning None, and with the function's first `return` off by one."""
+    """The canonical program with its function redefined to return None (the mutants are benchmarks/published_code.py's)."""
     none = program + f"\n\ndef {entry_point}(*args, **kwargs):\n    return None\n"
     return [none]
 

@@ -220,6 +220,9 @@ def _run_tests(program: str, ref: Ref, b: dict[str, float]) -> tuple[list[bool],
     res, records = _sandbox(CHECK_HARNESS, files, _harness_budget(ref, b), out_bytes)
     if isinstance(res, VerifyResult):
         return [], "", res
+    broken = next((r for r in records if r.get("k") == "broken"), None)
+    if broken is not None:  # the harness could not set itself up: a failure of the verification, never a 0
+        return [], "", VerifyResult(None, "error", f"the test harness failed: {str(broken.get('error'))[:250]}", res.isolation)
     fatal = next((r for r in records if r.get("k") == "fatal"), None)
     got: dict[int, dict] = {}
     for r in records:

@@ -208,9 +208,12 @@ import builtins, ctypes, select, signal, subprocess
 os.unlink("spec.json")
 sys.path[:] = [p for p in sys.path if p and not p.startswith(os.getcwd())]
 try:
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    _undumpable = ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE = 0
 except Exception:
-    pass
+    _undumpable = False
+if not _undumpable:  # without it the program could read the tests from this process's memory: no verdict
+    emit(k="broken", error="the test harness could not make itself undumpable (prctl PR_SET_DUMPABLE)")
+    _exit(0)
 """ + CODEC + r"""
 _mono, _loads = time.monotonic, json.loads
 
@@ -366,7 +369,14 @@ def restart():
     # A fresh interpreter for the next test after the program died or was killed (a few times at most).
     if program.proc is None and program.fatal is None and state["starts"] <= spec["restarts"]:
         state["starts"] += 1
-        program.start(spec["compile_s"] + spec["run_s"])
+        try:
+            program.start(spec["compile_s"] + spec["run_s"])
+        except OSError as e:  # the first start is the harness's failure; a later one follows the program's doing
+            if state["starts"] == 1:
+                emit(k="broken", error="could not start the program's interpreter: %s" % e)
+                _exit(0)
+            program.proc = None
+            return
         if program.fatal is not None:
             emit(k="fatal", error=program.fatal)
             _exit(0)
