@@ -1,0 +1,40 @@
+"""The one way rlpipe writes a file that a reader or a kill may catch half-written.
+
+The bytes go to a temporary name beside the target, are flushed to disk, and replace the target in one
+``rename``: a reader sees the old file or the new one, never a part, and a kill leaves at most a stray
+``*.tmp-*`` file that the next write replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_atomic", "write_json_atomic"]
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool = True) -> Path:
+    """Write ``data`` (text is UTF-8) to ``path`` through a temporary name; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> Path:
+    """``obj`` as indented, key-sorted JSON (a trailing newline), written with :func:`write_atomic`."""
+    return write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", fsync=fsync)
