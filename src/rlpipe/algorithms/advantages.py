@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlpipe.algorithms.registry import Registry
+from rlpipe.registry import Registry
 
-ADVANTAGES: Registry = Registry("advantage estimator")
+ADVANTAGES: Registry = Registry("advantage estimator", fix="check the spelling, or register one with @register_advantage")
 register_advantage = ADVANTAGES.register
 
 #: Estimators that need a value model (the trainer builds the critic only for these).

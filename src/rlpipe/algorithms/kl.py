@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from rlpipe.algorithms.registry import Registry
+from rlpipe.registry import Registry
 
-KL_ESTIMATORS: Registry = Registry("KL estimator")
+KL_ESTIMATORS: Registry = Registry("KL estimator", fix="check the spelling, or register one with @register_kl")
 register_kl = KL_ESTIMATORS.register
 
 

@@ -22,9 +22,9 @@ from typing import Literal
 import torch
 
 from rlpipe.algorithms.functional import masked_mean
-from rlpipe.algorithms.registry import Registry
+from rlpipe.registry import Registry
 
-POLICY_LOSSES: Registry = Registry("policy loss")
+POLICY_LOSSES: Registry = Registry("policy loss", fix="check the spelling, or register one with @register_policy_loss")
 register_policy_loss = POLICY_LOSSES.register
 
 AggMode = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "constant"]

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlpipe.algorithms.registry import Registry
+from rlpipe.registry import Registry
 
-PREFERENCE_LOSSES: Registry = Registry("preference loss")
+PREFERENCE_LOSSES: Registry = Registry("preference loss", fix="check the spelling, or register one with @PREFERENCE_LOSSES.register")
 
 
 @PREFERENCE_LOSSES.register("bradley_terry")
