@@ -201,7 +201,7 @@ def checked(monkeypatch):
         return check
 
     monkeypatch.setattr(get_verifier("math"), "check_reference", fake("math", {"\\frac{1}{": "cannot parse; write it as LaTeX"}))
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    monkeypatch.setattr(base, "VERIFIERS", base.VERIFIERS.copy())
     base.register_verifier("test_tests", "1", options=("scoring",),
                            check_reference=fake("test_tests", {'["assert f(1) ==="]': "test 1 does not compile"}))(
         lambda response, ground_truth, **o: base.VerifyResult(1.0, "ok"))

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import rlpipe.rewards.math as math_mod
+import rlpipe.rewards.math_equal as math_equal
 from rlpipe.rewards import get_verifier, verifier_names
 from rlpipe.rewards.audit import audit, load_labels
 from rlpipe.rewards.math import boxed_contents, final_answer
@@ -83,7 +84,7 @@ def test_reference_check_and_budget_are_declared():
 def test_math_verify_internal_timeout_is_timeout_not_zero(monkeypatch):
     # Real math-verify, real signal.alarm (only the limit is lowered, to keep the test fast): comparing a
     # power tower with 1 cannot finish in 1 s. (Not (x+1)^300: sympy caches it and a rerun is fast.)
-    monkeypatch.setattr(math_mod, "VERIFY_TIMEOUT_S", 1)
+    monkeypatch.setattr(math_equal, "VERIFY_TIMEOUT_S", 1)  # where the comparison reads it
     res = get_verifier("math")("\\boxed{9^{9^{9^{9}}}}", "1")
     assert res.status == "timeout" and res.reward is None, res
     assert "timed out" in res.reason
@@ -100,7 +101,7 @@ def test_exact_is_strict_and_registry_lists_names():
     assert get_verifier("exact")("46.0", "46").reward == 0.0
     assert get_verifier("exact")("46", None).status == "error"
     assert {"exact", "math"} <= set(verifier_names())
-    with pytest.raises(KeyError, match="known: "):
+    with pytest.raises(KeyError, match="unknown verifier .astrology.; valid: .*math"):
         get_verifier("astrology")
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from rlpipe.registry import Registry
+
 Status = Literal["ok", "unparseable", "timeout", "error", "skipped"]
 
 DEFAULT_BUDGET_S = 5.0
@@ -59,7 +61,8 @@ class Verifier(Protocol):
     def check_reference(self, ground_truth: str | None, **options: Any) -> str | None: ...
 
 
-_REGISTRY: dict[str, Verifier] = {}
+VERIFIERS: Registry[Verifier] = Registry(
+    "verifier", fix="check the spelling, or list the module that registers it (@register_verifier) in reward.plugins")
 
 
 def _no_check(ground_truth: str | None, **options: Any) -> str | None:
@@ -77,29 +80,23 @@ def register_verifier(
     """Register ``fn(response, ground_truth, **options) -> VerifyResult`` under ``name``."""
 
     def deco(fn: Callable[..., VerifyResult]) -> Verifier:
-        if name in _REGISTRY:
-            raise ValueError(f"verifier {name!r} is already registered")
         fn.name = name  # type: ignore[attr-defined]
         fn.version = version  # type: ignore[attr-defined]
         fn.options = frozenset(options)  # type: ignore[attr-defined]
         fn.sandboxed = sandboxed  # type: ignore[attr-defined]
         fn.budget_s = budget_s if callable(budget_s) else (lambda ground_truth, _b=float(budget_s), **o: _b)  # type: ignore[attr-defined]
         fn.check_reference = check_reference or _no_check  # type: ignore[attr-defined]
-        _REGISTRY[name] = fn  # type: ignore[assignment]
-        return fn  # type: ignore[return-value]
+        return VERIFIERS.add(name, fn)  # type: ignore[arg-type]
 
     return deco
 
 
 def verifier_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return VERIFIERS.names()
 
 
 def get_verifier(name: str) -> Verifier:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown verifier {name!r}; known: {', '.join(verifier_names())}") from None
+    return VERIFIERS.get(name)
 
 
 def check_options(options: dict[str, dict[str, Any]]) -> None:
