@@ -8,9 +8,9 @@ from typing import Any
 
 from prefect import flow
 
+from rlpipe import http_client
 from rlpipe.config import RunConfig, settings
 from rlpipe.runtime import services
-from rlpipe.services import calls
 from rlpipe.tracking.mlflow_utils import Tracker
 from rlpipe.tracking.resources import monitor
 from tasks._log import run_logger
@@ -43,7 +43,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     start, mon = time.perf_counter(), monitor()
     mark = mon.begin()
     if not _prefetched(run_id, iteration):  # a batch generated ahead made this iteration's first calls
-        calls.drain()  # the services' calls of this iteration only
+        http_client.drain()  # the services' calls of this iteration only
     last = config.train.total_iterations - 1
     draws = _draws(config, run_id, iteration)
     ahead = _generate_ahead(config, run_id, iteration, last)
@@ -73,7 +73,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
                                              test_accuracy=ev["accuracy"] if ev else None, extra_tags=lora_tags(config, ck))
         fault_point(iteration, "register")
     metrics = _metrics(draws, u, s, ev, val, time.perf_counter() - start, nxt, waited)
-    metrics |= mon.metrics(mark) | calls.drain()
+    metrics |= mon.metrics(mark) | http_client.drain()
     if config.rollout.prefetch and iteration < last:  # the next batch, on-policy, while this flow run ends
         prefetch_rollout(config, run_id, iteration + 1)
     fired = _alerts(config, run_id, iteration, metrics)

@@ -36,8 +36,8 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from rlpipe import http_client
 from rlpipe.envs.base import EnvSpec, StepResult
-from rlpipe.services import calls
 
 _LIB, _PLUGINS, _NET = "/opt/rlpipe/lib", "/opt/rlpipe/plugins", "/opt/rlpipe/net"
 _DEPENDENCIES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection")
@@ -277,7 +277,7 @@ def http_call(url: str, timeout_s: float = 60.0, retries: int = 3) -> Callable[[
         delay = 0.25
         for attempt in range(retries + 1):
             try:
-                r = calls.post("env", base + path, json=request, timeout=timeout_s)
+                r = http_client.post("env", base + path, json=request, timeout=timeout_s)
             except httpx.HTTPError as e:
                 raise EnvFailure(f"environment service {base}{path}: {type(e).__name__}: {e}", "unavailable") from None
             if r.status_code == 429 and attempt < retries:

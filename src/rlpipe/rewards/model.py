@@ -9,13 +9,12 @@ Every result names the reward-model version that produced it.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rlpipe.http_client import NoAnswer, post_with_retries
 from rlpipe.rewards.base import VerifyResult
-from rlpipe.services import calls
 
 __all__ = ["LocalRewardModel", "RMItem", "RemoteRewardModel", "RewardModelSource", "mix_rewards", "reward_hacking"]
 
@@ -84,28 +83,14 @@ class RemoteRewardModel:
         return bool(info and info.get("status") == "ok")
 
     def _post(self, items: Sequence[RMItem]) -> list[VerifyResult]:
-        import httpx
-
         body = {"items": [{"prompt": i.prompt, "response": i.response, "chat": i.chat} for i in items], "timeout_s": self.timeout_s}
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                r = calls.post("reward_model", f"{self.url}/score", json=body, timeout=self.timeout_s + 10)
-            except httpx.TimeoutException:
-                self.last_problem = f"reward-model service {self.url} gave no answer within {self.timeout_s + 10:g} s"
-                return [VerifyResult(None, "timeout", self.last_problem)] * len(items)
-            except httpx.HTTPError as e:
-                self.last_problem = f"reward-model service {self.url} unreachable: {type(e).__name__}"
-            else:
-                if r.status_code == 200:
-                    return self._results(r.json(), len(items))
-                self.last_problem = f"reward-model service {self.url} answered {r.status_code}: {r.text[:120]}"
-                if r.status_code != 429 and r.status_code < 500:
-                    break
-            if attempt < self.retries:
-                time.sleep(delay)
-                delay *= 2
-        return [VerifyResult(None, "skipped", self.last_problem or "no answer")] * len(items)
+        try:
+            r = post_with_retries("reward_model", f"{self.url}/score", body, self.timeout_s + 10, self.retries,
+                                  f"reward-model service {self.url}")
+        except NoAnswer as e:
+            self.last_problem = str(e)
+            return [VerifyResult(None, e.status, self.last_problem)] * len(items)
+        return self._results(r.json(), len(items))
 
     def _results(self, body: Any, n: int) -> list[VerifyResult]:
         try:

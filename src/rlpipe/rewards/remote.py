@@ -7,12 +7,11 @@ update and counted, never scored 0 — and the reason says what happened.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from rlpipe.http_client import NoAnswer, post_with_retries
 from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifyItem
-from rlpipe.services import calls
 
 
 class RemoteVerifier:
@@ -48,30 +47,15 @@ class RemoteVerifier:
         return status == "ok"
 
     def _post(self, items: list[VerifyItem]) -> list[VerifyResult]:
-        import httpx
-
         body = {"items": [{"verifier": i.verifier, "response": i.response, "ground_truth": i.ground_truth} for i in items],
                 "timeout_s": self.timeout_s, "options": self.options}
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                r = calls.post("verifier", f"{self.url}/verify", json=body, timeout=self.timeout_s + 10)
-            except httpx.TimeoutException:
-                self.last_problem = f"{self.url} did not answer within {self.timeout_s + 10:g} s"
-                return [VerifyResult(None, "timeout", self.last_problem)] * len(items)
-            except httpx.HTTPError as e:
-                self.last_problem = f"verifier service {self.url} unreachable: {type(e).__name__}"
-                if attempt == self.retries:
-                    return [VerifyResult(None, "skipped", self.last_problem)] * len(items)
-            else:
-                if r.status_code == 200:
-                    return self._results(r, len(items))
-                self.last_problem = f"verifier service {self.url} answered {r.status_code}: {r.text[:120]}"
-                if r.status_code != 429 and r.status_code < 500 or attempt == self.retries:
-                    return [VerifyResult(None, "skipped", self.last_problem)] * len(items)
-            time.sleep(delay)
-            delay *= 2
-        return [VerifyResult(None, "skipped", self.last_problem or "no answer")] * len(items)
+        try:
+            r = post_with_retries("verifier", f"{self.url}/verify", body, self.timeout_s + 10, self.retries,
+                                  f"verifier service {self.url}")
+        except NoAnswer as e:
+            self.last_problem = str(e)
+            return [VerifyResult(None, e.status, self.last_problem)] * len(items)
+        return self._results(r, len(items))
 
     def _results(self, r: Any, n: int) -> list[VerifyResult]:
         """The service's verdicts, ``isolation`` (the sandbox level the verdict came from) included."""

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rlpipe import http_client
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
-from rlpipe.services import calls
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class RemoteEngine:
         import httpx
 
         try:
-            r = calls.post("rollout", f"{self.url}{path}", json=body, timeout=self.timeout_s)
+            r = http_client.post("rollout", f"{self.url}{path}", json=body, timeout=self.timeout_s)
         except httpx.HTTPError as e:
             raise ReplicaDown(f"rollout replica {self.url}{path}: {type(e).__name__}: {e}") from None
         if r.status_code >= 500 or r.status_code == 429:

@@ -101,7 +101,7 @@ def service_app(title: str, name: str, service: Any, token: str | None = None):
     from fastapi import FastAPI, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    from rlpipe.services.calls import service_token
+    from rlpipe.http_client import service_token
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ServiceCollector(name, service))

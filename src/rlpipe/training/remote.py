@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlpipe import http_client
 from rlpipe.config import TrainConfig
-from rlpipe.services import calls
 
 __all__ = ["RemoteTrainer", "TrainerDown", "upload_model"]
 
@@ -74,7 +74,7 @@ class RemoteTrainer:
         import httpx
 
         try:
-            r = calls.post("trainer", f"{self.url}{path}", json=body, timeout=self.timeout_s)
+            r = http_client.post("trainer", f"{self.url}{path}", json=body, timeout=self.timeout_s)
         except httpx.HTTPError as e:
             raise TrainerDown(f"trainer service {self.url}{path}: {type(e).__name__}: {e}; restart it and resume the run "
                               "with the same --run-id (its state is in the object store)") from None

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
-from rlpipe.services import calls
+from rlpipe import http_client
 from tests.helpers.s3server import free_port
 
 
@@ -25,16 +25,16 @@ def test_calls_are_timed_counted_and_drained_per_service():
     srv = HTTPServer(("127.0.0.1", 0), _Half)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
-    calls.drain()
+    http_client.drain()
     try:
         for path in ("/ok", "/ok", "/ok", "/fail"):
-            calls.post("verifier", url + path, json={}, timeout=5)
+            http_client.post("verifier", url + path, json={}, timeout=5)
         with pytest.raises(httpx.ConnectError):  # refused: counted as an error, and still raised
-            calls.post("env", f"http://127.0.0.1:{free_port()}/step", json={}, timeout=5)
+            http_client.post("env", f"http://127.0.0.1:{free_port()}/step", json={}, timeout=5)
     finally:
         srv.shutdown()
-    m = calls.drain()
+    m = http_client.drain()
     assert m["service/verifier/calls"] == 4 and m["service/verifier/error_rate"] == 0.25
     assert 0 < m["service/verifier/latency_p50_s"] <= m["service/verifier/latency_p99_s"] < 5
     assert m["service/env/calls"] == 1 and m["service/env/error_rate"] == 1.0
-    assert calls.drain() == {}  # drained: the next iteration starts from nothing
+    assert http_client.drain() == {}  # drained: the next iteration starts from nothing
