@@ -10,7 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig, settings
-from rlpipe.progress import Eta
+from rlpipe.eta import Eta
 from rlpipe.storage.layout import checkpoint_prefix
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import open_store

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlpipe.progress import Eta, format_duration
+from rlpipe.eta import Eta, format_duration
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (59.6, "1m00s"), (185, "3m05s"),
