@@ -314,7 +314,7 @@ def sweep_size(out: Path, hidden: int, layers: int, repeats: int, stamp: str) ->
     import shutil
 
     from rlpipe.storage import open_store
-    from rlpipe.training.checkpoint import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_sha256
     from tests.helpers.s3server import free_port
 
     label = f"h{hidden}-l{layers}"

@@ -62,7 +62,7 @@ def build(name: str, root: Path) -> tuple[Path, int]:
 def prompts(tokenizer: Any, n: int) -> list[dict[str, Any]]:
     from rlpipe.config import RunConfig
     from rlpipe.data import build_arithmetic
-    from rlpipe.training.sft import render_prompt
+    from rlpipe.tokens import render_prompt
 
     rows = [r for r in build_arithmetic(RunConfig().data).to_pylist() if r["split"] == "train"][:n]
     return [r | {"ids": tokenizer(render_prompt(tokenizer, r["prompt"], r["chat"]), add_special_tokens=False)["input_ids"]}

@@ -42,7 +42,7 @@ def samples(tokenizer, n_prompts: int, per_prompt: int, max_new: int, seed: int)
     from rlpipe.config import RunConfig
     from rlpipe.data import build_arithmetic
     from rlpipe.storage.samples import Sample
-    from rlpipe.training.sft import render_prompt
+    from rlpipe.tokens import render_prompt
 
     rng = random.Random(seed)
     rows = [r for r in build_arithmetic(RunConfig().data).to_pylist() if r["split"] == "train"][:n_prompts]

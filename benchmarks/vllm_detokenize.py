@@ -32,7 +32,7 @@ def main() -> None:
     from rlpipe.config import RunConfig
     from rlpipe.data import build_arithmetic
     from rlpipe.rollout.vllm_engine import VLLMEngine
-    from rlpipe.training.sft import render_prompt
+    from rlpipe.tokens import render_prompt
     from vllm import SamplingParams
 
     cfg = RunConfig()

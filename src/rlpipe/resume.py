@@ -176,7 +176,7 @@ class RunState:
         """Download the save point's state into ``dest`` (replaced) and check its weights."""
         import shutil
 
-        from rlpipe.training.checkpoint import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_sha256
 
         if dest.exists():
             shutil.rmtree(dest)
@@ -189,7 +189,7 @@ class RunState:
         return dest
 
     def local_state_ok(self, progress: dict[str, Any]) -> bool:
-        from rlpipe.training.checkpoint import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_sha256
 
         folder = progress.get("resume_dir")
         if not folder or not Path(folder).is_dir():

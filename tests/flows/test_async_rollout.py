@@ -15,7 +15,7 @@ from rlpipe.history import read_history
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from tasks.rl import StaleBatchError, _rollout_expect, check_staleness
 from tests.flows.test_resume import _args
 from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F401 - fixture re-used

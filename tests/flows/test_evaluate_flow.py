@@ -33,7 +33,7 @@ def own_answers_task(path, checkpoint, max_new_tokens=6):
     from rlpipe.data import build_arithmetic
     from rlpipe.rollout.base import SamplingConfig
     from rlpipe.rollout.engines import new_engine
-    from rlpipe.training.sft import render_prompt
+    from rlpipe.tokens import render_prompt
     from transformers import AutoTokenizer
 
     rows = build_arithmetic(DataConfig(test_size=24, validation_size=24, train_size=40)).to_pylist()

@@ -10,7 +10,7 @@ from rlpipe.config import settings
 from rlpipe.history import read_history
 from rlpipe.rollout.hf_engine import HFEngine
 from rlpipe.storage import open_store
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
 from tests.services.test_rollout_service import _serve
 

@@ -11,7 +11,7 @@ from rlpipe.config import load_config, settings
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from tests.flows.test_train_flow import invoke
 
 

@@ -7,7 +7,7 @@ from rlpipe.cli import app
 from rlpipe.config import RunConfig, settings
 from rlpipe.storage import open_store
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from rlpipe.training.models import fetch_source, load_model
 
 SMALL = [

@@ -13,7 +13,7 @@ from rlpipe.history import read_history
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 

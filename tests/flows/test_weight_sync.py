@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.engines import get_engine
 from rlpipe.runtime import RunServices, register_services, stop_services
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from tasks.rl import start_probe, sync_weights
 
 

@@ -28,7 +28,7 @@ def test_a_bf16_engine_holds_the_rounded_weights_and_reports_the_files_version(t
     import torch
 
     from rlpipe.rollout.base import WeightSyncError
-    from rlpipe.training.checkpoint import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_sha256
 
     full, half = HFEngine(tiny_checkpoint), HFEngine(tiny_checkpoint, device="cpu", dtype=torch.bfloat16)
     assert (full.dtype, half.dtype) == ("float32", "bfloat16")

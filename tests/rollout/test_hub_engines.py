@@ -13,7 +13,8 @@ from rlpipe.rollout.base import SamplingConfig
 from rlpipe.rollout.engines import new_engine
 from rlpipe.rollout.probe import default_tolerance
 from rlpipe.tokens import encode_prompt
-from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint
+from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.training.checkpoint import load_checkpoint
 
 PROMPT = json.dumps([{"role": "user", "content": "小明有3个苹果，又买了5个。一共多少个？"}])
 
@@ -110,7 +111,7 @@ def test_no_hidden_context_cap_a_response_of_thousands_of_tokens(standins):
     """The engine's context is what the prompts and max_new_tokens need, up to the model's own (8,192 here), not
     a constant: a 2,048-token response comes back whole (rollout.stop_tokens: [] -- no end token)."""
     from rlpipe.config import RunConfig
-    from tasks.rl import context_length
+    from rlpipe.runtime.assembly import context_length
 
     cfg = RunConfig.model_validate({"rollout": {"max_new_tokens": 2048}})
     rows = [{"prompt": PROMPT}]

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from rlpipe.config import settings
 from rlpipe.history import read_history
 from rlpipe.storage import open_store
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
 from tests.helpers.prefect_server import ROOT
 from tests.helpers.s3server import free_port

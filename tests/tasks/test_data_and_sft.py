@@ -5,7 +5,7 @@ import pytest
 
 from rlpipe.config import load_config, settings
 from rlpipe.storage import PROMPT_SCHEMA, open_store
-from rlpipe.training.checkpoint import file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from tasks.data import DatasetInvalid, prepare_dataset
 from tasks.sft import train_sft_task
 

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from rlpipe.training.checkpoint import RecyclingWrites, file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.training.checkpoint import RecyclingWrites
 
 
 class _Torch:  # the part of DeepSpeed's TorchCheckpointEngine the wrapper uses
@@ -132,7 +133,8 @@ def test_safetensors_written_over_the_spare_read_back_the_same(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from rlpipe.training.checkpoint import RecyclingSafetensors, weights_sha256
+    from rlpipe.storage.weights import weights_sha256
+    from rlpipe.training.checkpoint import RecyclingSafetensors
 
     spare, new = tmp_path / "spare", tmp_path / "iter=2"
     spare.mkdir(), new.mkdir()
@@ -154,7 +156,7 @@ def test_save_pretrained_through_it_loads_the_same_model_and_hashes_the_file(tin
     import transformers.modeling_utils as mu
     from transformers import AutoModelForCausalLM
 
-    from rlpipe.training.checkpoint import RecyclingSafetensors, file_weights_sha256
+    from rlpipe.training.checkpoint import RecyclingSafetensors
 
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
     original = mu.safe_save_file

@@ -5,7 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpipe.config import ModelConfig
-from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint, save_checkpoint, weights_sha256
+from rlpipe.storage.weights import file_weights_sha256, weights_sha256
+from rlpipe.training.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.training.tiny import EOS, IM_END, build_char_tokenizer, build_tiny_model, count_parameters
 
 

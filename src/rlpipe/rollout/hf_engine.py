@@ -11,7 +11,8 @@ import torch
 
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
 from rlpipe.tokens import eos_ids, folder_eos_ids
-from rlpipe.training.checkpoint import file_weights_sha256, load_checkpoint, weights_sha256
+from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder, weights_sha256
+from rlpipe.training.checkpoint import load_checkpoint
 
 
 class HFEngine:
@@ -107,11 +108,7 @@ class HFEngine:
         return [(t, l, "stop" if t and t[-1] in eos else "length") for t, l in zip(toks, lps)]
 
     def load_weights(self, folder: str | Path) -> str:
-        from safetensors.torch import load_file
-
-        tensors = {}
-        for f in sorted(Path(folder).glob("*.safetensors")):
-            tensors.update(load_file(f))
+        tensors = load_safetensors_folder(folder)
         if not tensors:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)

@@ -30,7 +30,7 @@ class ReplicaDown(ConnectionError):
 
 def upload_weights(store: Any, run_id: str, folder: str | Path) -> tuple[str, str]:
     """The folder's weights in the store (once per content): (their URI, their sha256)."""
-    from rlpipe.training.checkpoint import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_sha256
 
     sha = file_weights_sha256(folder)
     key = f"runs/{run_id}/weights/{sha[:16]}"

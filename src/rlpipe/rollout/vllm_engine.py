@@ -32,7 +32,7 @@ import torch
 
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
 from rlpipe.tokens import folder_eos_ids
-from rlpipe.training.checkpoint import file_weights_sha256, weights_sha256
+from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder, weights_sha256
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -284,11 +284,7 @@ class VLLMEngine:
             return self._load_weights(folder)
 
     def _load_weights(self, folder: str | Path) -> str:
-        from safetensors.torch import load_file
-
-        tensors: dict[str, torch.Tensor] = {}
-        for f in sorted(Path(folder).glob("*.safetensors")):
-            tensors.update(load_file(f))
+        tensors = load_safetensors_folder(folder)
         if not tensors:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
         consumed: dict[str, torch.Tensor] = {}
@@ -321,15 +317,14 @@ class VLLMEngine:
         moves only the adapter. ``version``: the policy it makes (the merged weights' sha256), which
         :meth:`weights_sha256` reports from now on. Returns the sha256 of the adapter's tensors, which the caller
         compares with the trainer's; the probe then proves the adapted policy on the engine."""
-        from safetensors.torch import load_file
         from vllm.lora.request import LoRARequest
 
         if not self.lora_rank:
             raise WeightSyncError("this vLLM engine was started without LoRA support (lora_rank); it takes merged weights")
-        files = sorted(Path(folder).glob("adapter_model*.safetensors"))
-        if not files:
+        adapter = load_safetensors_folder(folder, "adapter_model*.safetensors")
+        if not adapter:
             raise WeightSyncError(f"{folder} holds no LoRA adapter (adapter_model.safetensors)")
-        digest = weights_sha256({k: v for f in files for k, v in load_file(f).items()})
+        digest = weights_sha256(adapter)
         with self._lock:
             self._loras += 1  # a new id: vLLM caches an adapter by id, and this one is new weights
             # vLLM reads the folder at the first request that uses it: a copy of its own (megabytes), which the

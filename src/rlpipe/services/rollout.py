@@ -88,7 +88,7 @@ class RolloutService:
         """The weights under ``uri`` into the engine: PermissionError outside ``runs/`` of this store,
         LookupError when no weights are there, ValueError when their hash is not ``sha256``."""
         from rlpipe.rollout.base import WeightSyncError
-        from rlpipe.training.checkpoint import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_sha256
 
         key = self.store.key_of(uri) if "://" in uri or uri.startswith("/") else uri.strip("/")
         if key is None or not key.startswith("runs/") or ".." in key.split("/"):
@@ -121,10 +121,8 @@ class RolloutService:
 
     def metrics(self) -> dict[str, Any]:
         s = self.stats
-        return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
-                "unauthorized": s.unauthorized, "items": s.items, "tokens": s.tokens, "weight_loads": s.weight_loads,
-                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99), "queue": self._waiting,
-                "in_flight": int(self._turn.locked())}
+        return (s.values("requests", "rejected", "errors", "timeouts", "unauthorized", "items", "tokens", "weight_loads")
+                | s.percentiles() | {"queue": self._waiting, "in_flight": int(self._turn.locked())})
 
     def close(self) -> None:
         self.engine.close()

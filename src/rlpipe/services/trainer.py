@@ -95,7 +95,7 @@ class TrainerRanks:
     def _fetch(self, art: dict[str, str] | None, name: str, run_id: str) -> str | None:
         """A folder of the store into this rank's work dir, its weights checked against the expected sha256."""
         from rlpipe.resume import STATE_DONE
-        from rlpipe.training.checkpoint import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_sha256
 
         if art is None:
             return None
@@ -270,10 +270,8 @@ class TrainerService:
 
     def metrics(self) -> dict[str, Any]:
         s = self.stats
-        return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
-                "unauthorized": s.unauthorized, "steps": s.steps, "weight_loads": s.weight_loads, "world": self.ranks.world,
-                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99), "queue": self.inbox.qsize(),
-                "in_flight": self.in_flight}
+        return (s.values("requests", "rejected", "errors", "timeouts", "unauthorized", "steps", "weight_loads")
+                | {"world": self.ranks.world} | s.percentiles() | {"queue": self.inbox.qsize(), "in_flight": self.in_flight})
 
     def close(self) -> None:
         self.stop.set()

@@ -1,19 +1,16 @@
-"""Checkpoints: HF-format weights (safetensors) + tokenizer + trainer state, and the weight hash.
+"""Checkpoints: HF-format weights (safetensors) + tokenizer + trainer state, and the writers that recycle a spare
+save point's files.
 
-The weight hash identifies a policy version everywhere (trajectory rows, the registry, the
-sync check with the generation workers). It is computed from tensors, not files, so the same
-weights hash the same whether they sit in a trainer, in a safetensors file or in vLLM.
+The weight hash (the policy version) is :mod:`rlpipe.storage.weights`'; a save returns it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import random
 import threading
-from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -21,41 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlpipe.storage.weights import file_weights_sha256, weights_sha256
 from rlpipe.tokens import load_tokenizer
 
 TRAINER_STATE = "trainer_state.json"
 ADAPTER = "adapter"  # a LoRA save point's adapter folder (peft's adapter_config.json + adapter_model.safetensors)
 
-__all__ = ["RecyclingSafetensors", "RecyclingWrites", "Spare", "file_weights_sha256", "load_checkpoint", "save_checkpoint",
-           "weights_sha256", "rng_state", "set_rng_state"]
-
-
-def weights_sha256(named_tensors: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
-    """sha256 over (name, dtype, shape, bytes) of every tensor, in name order.
-
-    The policy version is this hash of the saved safetensors (see :func:`file_weights_sha256`):
-    HF drops tied copies on save, so hash what was saved, not a live ``state_dict()``.
-    """
-    items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
-    h = hashlib.sha256()
-    for name, t in sorted(items, key=lambda kv: kv[0]):
-        t = t.detach().to("cpu").contiguous()
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy() if t.numel() else b"")  # the tensor's buffer, not a copy of it
-    return h.hexdigest()
-
-
-def file_weights_sha256(folder: str | Path) -> str:
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        tensors.update(load_file(f))
-    if not tensors:
-        raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
-    return weights_sha256(tensors)
+__all__ = ["ADAPTER", "TRAINER_STATE", "RecyclingSafetensors", "RecyclingWrites", "Spare", "load_checkpoint",
+           "read_trainer_state", "rng_state", "save_checkpoint", "set_rng_state"]
 
 
 def rng_state() -> dict[str, Any]:

@@ -23,7 +23,7 @@ class TrainerDown(ConnectionError):
 
 def upload_model(store: Any, run_id: str, what: str, folder: str | Path) -> dict[str, str]:
     """A model folder in the store under the run's prefix (once per content): {"uri", "sha256"}."""
-    from rlpipe.training.checkpoint import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_sha256
 
     sha = file_weights_sha256(folder)
     key = f"runs/{run_id}/trainer/{what}/{sha[:16]}"
@@ -58,7 +58,8 @@ class RemoteTrainer:
     def _resume(self, resume_dir: str) -> dict[str, str]:
         """The run's checkpoint in the store that ``resume_dir`` is a copy of (uploaded first if it is not there whole)."""
         from rlpipe.resume import RunState
-        from rlpipe.training.checkpoint import file_weights_sha256, read_trainer_state
+        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.training.checkpoint import read_trainer_state
 
         state = read_trainer_state(resume_dir)
         k, sha = int(state["iteration"]), file_weights_sha256(resume_dir)
@@ -100,7 +101,7 @@ class RemoteTrainer:
         """The top-level files of a checkpoint (weights, config, tokenizer, trainer state) into ``dest``, checked."""
         import shutil
 
-        from rlpipe.training.checkpoint import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_sha256
 
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)

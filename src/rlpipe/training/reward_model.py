@@ -25,7 +25,8 @@ import torch
 from rlpipe.algorithms.preference import preference_loss
 from rlpipe.config import RewardModelConfig
 from rlpipe.tokens import encode_chat_turn, encode_prompt, load_tokenizer
-from rlpipe.training.checkpoint import ADAPTER, file_weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.training.checkpoint import ADAPTER
 
 __all__ = ["REWARD_STATS", "RewardModelTrainer", "RewardScorer", "RMTrainResult", "encode_response", "pair_accuracy"]
 

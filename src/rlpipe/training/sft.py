@@ -23,7 +23,8 @@ from rlpipe.tokens import encode_chat_turn, encode_prompt, render_prompt
 
 IGNORE = -100
 
-__all__ = ["IGNORE", "SFTResult", "collate", "encode_chat_example", "encode_example", "encode_row", "evaluate_accuracy", "render_prompt", "sft_loss", "train_sft"]
+__all__ = ["IGNORE", "SFTResult", "collate", "encode_chat_example", "encode_example", "encode_row", "episode_example",
+           "evaluate_accuracy", "sft_loss", "train_sft", "train_sft_examples"]
 
 
 def encode_example(tokenizer: Any, prompt_text: str, response: str) -> tuple[list[int], list[int]]:
@@ -193,20 +194,14 @@ class SFTResult:
     stopped_early: bool = False
 
 
-def train_sft(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    train_rows: Sequence[dict[str, Any]],
-    cfg: SFTConfig,
-    seed: int = 0,
-    eval_fn: Callable[[torch.nn.Module], dict[str, float]] | None = None,
-    log: Callable[[int, dict[str, float]], None] | None = None,
-) -> SFTResult:
-    """AdamW on response tokens; shuffles with ``seed``; periodic validation checks via ``eval_fn``."""
+def train_sft(model: torch.nn.Module, tokenizer: Any, train_rows: Sequence[dict[str, Any]], cfg: SFTConfig,
+              **options: Any) -> SFTResult:
+    """:func:`train_sft_examples` on prompt rows (each encoded by :func:`encode_row`); ``options``: its ``seed``,
+    ``eval_fn`` and ``log``, by name."""
     if not train_rows:
         raise ValueError("SFT needs at least one training row (split 'train')")
     examples = [encode_row(tokenizer, r) for r in train_rows]
-    return train_sft_examples(model, tokenizer, examples, cfg, seed, eval_fn, log)
+    return train_sft_examples(model, tokenizer, examples, cfg, **options)
 
 
 def episode_example(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -225,7 +220,8 @@ def train_sft_examples(
     eval_fn: Callable[[torch.nn.Module], dict[str, float]] | None = None,
     log: Callable[[int, dict[str, float]], None] | None = None,
 ) -> SFTResult:
-    """:func:`train_sft` on encoded ``(input_ids, labels)`` examples (labels ``IGNORE`` where no loss)."""
+    """AdamW on encoded ``(input_ids, labels)`` examples (labels ``IGNORE`` where no loss); shuffles with ``seed``;
+    periodic validation checks via ``eval_fn``."""
     if not examples:
         raise ValueError("SFT needs at least one example")
     from rlpipe.training.trainer import check_packing, init_distributed
