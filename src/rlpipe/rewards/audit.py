@@ -15,22 +15,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from rlpipe.data._jsonl import jsonl_objects
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 
 
 class LabelsError(ValueError):
-    pass
+    """A labels file that cannot be read as cases; the message names the file and the line."""
 
 
 def load_labels(path: str | Path) -> list[dict[str, Any]]:
+    """The cases of a labels file, each with its ``line``; :class:`LabelsError` names the line that is wrong."""
     cases = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            c = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise LabelsError(f"{path} line {n}: not JSON ({e.msg})") from None
+    for n, c in jsonl_objects(Path(path), LabelsError):
         missing = {"task", "response", "expected"} - set(c)
         if missing:
             raise LabelsError(f"{path} line {n}: missing {sorted(missing)}")
