@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rlpipe.http_client import NoAnswer, post_with_retries
 from rlpipe.rewards.base import VerifyResult
+from rlpipe.rewards.remote import ScoringClient
 
 __all__ = ["LocalRewardModel", "RMItem", "RemoteRewardModel", "RewardModelSource", "mix_rewards", "reward_hacking"]
 
@@ -59,12 +59,13 @@ class LocalRewardModel:
                 for x in xs]
 
 
-class RemoteRewardModel:
+class RemoteRewardModel(ScoringClient):
     """Client of ``rlpipe serve reward-model`` (``RLPIPE_REWARD_MODEL_URL``); never raises on a service problem."""
 
+    service, path, who = "reward_model", "/score", "reward-model service"
+
     def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 3, batch: int = 512):
-        self.url, self.timeout_s, self.retries, self.batch = url.rstrip("/"), timeout_s, retries, batch
-        self.last_problem: str | None = None
+        super().__init__(url, timeout_s, retries, batch)
         info = self._health() or {}
         self.version = info.get("version", "unknown")
         self.stats = info.get("reward_stats", {})
@@ -82,15 +83,11 @@ class RemoteRewardModel:
         info = self._health(2.0)
         return bool(info and info.get("status") == "ok")
 
-    def _post(self, items: Sequence[RMItem]) -> list[VerifyResult]:
-        body = {"items": [{"prompt": i.prompt, "response": i.response, "chat": i.chat} for i in items], "timeout_s": self.timeout_s}
-        try:
-            r = post_with_retries("reward_model", f"{self.url}/score", body, self.timeout_s + 10, self.retries,
-                                  f"reward-model service {self.url}")
-        except NoAnswer as e:
-            self.last_problem = str(e)
-            return [VerifyResult(None, e.status, self.last_problem)] * len(items)
-        return self._results(r.json(), len(items))
+    def _body(self, items: Sequence[RMItem]) -> dict[str, Any]:
+        return {"items": [{"prompt": i.prompt, "response": i.response, "chat": i.chat} for i in items], "timeout_s": self.timeout_s}
+
+    def _verdicts(self, r: Any, n: int) -> list[VerifyResult]:
+        return self._results(r.json(), n)
 
     def _results(self, body: Any, n: int) -> list[VerifyResult]:
         try:
@@ -101,16 +98,10 @@ class RemoteRewardModel:
                    for x in got]
             self.version = got[0].get("rm_version", self.version) if got else self.version
         except (KeyError, TypeError, IndexError) as e:
-            self.last_problem = f"reward-model service {self.url} sent an unreadable answer ({type(e).__name__}: {e})"
-            return [VerifyResult(None, "skipped", self.last_problem)] * n
+            return self._unanswered(n, f"reward-model service {self.url} sent an unreadable answer ({type(e).__name__}: {e})")
         if len(out) != n:
-            self.last_problem = f"reward-model service {self.url} answered {len(out)} scores for {n} items"
-            return [VerifyResult(None, "skipped", self.last_problem)] * n
+            return self._unanswered(n, f"reward-model service {self.url} answered {len(out)} scores for {n} items")
         return out
-
-    def score(self, items: Sequence[RMItem]) -> list[VerifyResult]:
-        self.last_problem = None
-        return [r for i in range(0, len(items), self.batch) for r in self._post(items[i : i + self.batch])]
 
 
 def mix_rewards(sources: dict[str, list[VerifyResult]], weights: dict[str, float]) -> list[VerifyResult]:

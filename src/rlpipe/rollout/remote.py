@@ -12,6 +12,7 @@ the seed ``seed + i`` it has in-process on vLLM) and moves a dead replica's shar
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,16 @@ class ReplicatedEngine:
         log.warning("rollout replica %s is down (%s); its prompts go to the others", replica.url, err)
         self.dead.add(replica.url)
 
+    def _each(self, call: Callable[[RemoteEngine], Any]) -> dict[str, Any]:
+        """``call``'s answer from every live replica, by URL; one that is down is left out from then on."""
+        out = {}
+        for replica in self.live():
+            try:
+                out[replica.url] = call(replica)
+            except ReplicaDown as e:
+                self._down(replica, e)
+        return out
+
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Completion]]:
         results: dict[int, list[Completion]] = {}
         todo = list(range(len(prompts)))
@@ -179,12 +190,7 @@ class ReplicatedEngine:
 
     def load_uri(self, uri: str, sha: str) -> str:
         """Every live replica loads the weights under ``uri`` (checked against ``sha``); the version they hold."""
-        held = {}
-        for replica in self.live():
-            try:
-                held[replica.url] = replica.load_uri(uri, sha)
-            except ReplicaDown as e:
-                self._down(replica, e)
+        held = self._each(lambda replica: replica.load_uri(uri, sha))
         if not held:
             self.live()  # raises: every replica is down
         if len(set(held.values())) != 1:
@@ -201,12 +207,7 @@ class ReplicatedEngine:
 
     def probe_each(self, prompts: list[list[int]], continuations: list[list[int]]) -> dict[str, list[list[float]]]:
         """Every live replica's log-probs on the probe: each one's sync is proven, not only the first's."""
-        out = {}
-        for replica in self.live():
-            try:
-                out[replica.url] = replica.sequence_logprobs(prompts, continuations)
-            except ReplicaDown as e:
-                self._down(replica, e)
+        out = self._each(lambda replica: replica.sequence_logprobs(prompts, continuations))
         return out or self.probe_each(prompts, continuations)  # raises when none is left
 
     @property

@@ -1,12 +1,16 @@
-"""What rlpipe's HTTP services share: counters with latency percentiles and histograms, handing a result
-to a request that may have given up already, and the app skeleton (``/health``; ``/metrics`` in the
+"""What rlpipe's HTTP services share: counters with latency percentiles and histograms, a bounded queue
+worked through by one thread, handing a result to a request that may have given up already, and the app
+skeleton (``/health``; ``/metrics`` in the
 Prometheus text format and ``/stats``, the same numbers as one JSON object; the 429 of a full queue;
 serving until stopped). fastapi, uvicorn and prometheus_client are imported only when an app is built."""
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -55,6 +59,44 @@ class Counters:
         with self.lock:
             xs = sorted(self.latencies)
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+    def values(self, *names: str) -> dict[str, int]:
+        """The named counters, in the order given (a service's ``/stats`` lists them so)."""
+        return {n: getattr(self, n) for n in names}
+
+    def percentiles(self, prefix: str = "latency") -> dict[str, float | None]:
+        """``<prefix>_p50_s`` and ``<prefix>_p99_s`` of the latency window (None before the first)."""
+        return {f"{prefix}_p50_s": self.percentile(0.5), f"{prefix}_p99_s": self.percentile(0.99)}
+
+
+class QueueWorker:
+    """A bounded queue of jobs and one daemon thread that works through them until :meth:`close`: the
+    verifier's dispatcher and the reward model's scorer. A subclass sets what :meth:`_work` needs before it
+    calls ``__init__``, which starts the thread; ``_work`` must not raise (the thread serves every job)."""
+
+    def __init__(self, stats: Counters, max_queue: int, thread_name: str):
+        self.stats, self.max_queue = stats, max_queue
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:  # None: close() was called
+            self._work(job)
+
+    def _work(self, job: Any) -> None:
+        raise NotImplementedError
+
+    def histograms(self) -> dict[str, Counters]:
+        return {"request_seconds": self.stats}
+
+    def close(self) -> None:
+        """End the thread once the jobs queued before are done; with the queue full, the daemon thread ends
+        with the process instead."""
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
 
 
 def settle(fut: Future, result: Any = None, exception: BaseException | None = None) -> None:
@@ -160,6 +202,32 @@ def queue_full(service: Any):
     service.stats.add(rejected=1)
     return HTTPException(status_code=429, detail=f"queue full ({service.max_queue} requests); retry later",
                          headers={"Retry-After": "1"})
+
+
+def batch_answer(service: Any, n_items: int, submit: Callable[[], Any], answer: Callable[[Any], list],
+                 count_errors: bool = True) -> dict[str, Any]:
+    """One batch-scoring request (the verifier's ``/verify``, the reward model's ``/score``), counted and
+    timed: ``submit()`` queues the batch — a full queue is 429, an item or option the service cannot take
+    (ValueError, KeyError) 422 — and ``answer(job)`` waits for its results; a failure there is 500, counted
+    as an error unless ``count_errors`` is False (a service whose worker counted it already)."""
+    from fastapi import HTTPException
+
+    start = time.perf_counter()
+    service.stats.add(requests=1, items=n_items)
+    try:
+        job = submit()
+    except (ValueError, KeyError) as e:
+        raise HTTPException(status_code=422, detail=str(e).strip("'\"")) from None  # KeyError's str() quotes it
+    except queue.Full:
+        raise queue_full(service) from None
+    try:
+        out = answer(job)
+    except Exception as e:  # noqa: BLE001 - the worker failed on this batch; the service goes on
+        if count_errors:
+            service.stats.add(errors=1)
+        raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
+    service.stats.latency(time.perf_counter() - start)
+    return {"results": out}
 
 
 def run_service(app: Any, service: Any, host: str, port: int) -> None:

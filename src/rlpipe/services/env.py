@@ -76,10 +76,8 @@ class EnvService:
 
     def metrics(self) -> dict[str, Any]:
         s = self.stats
-        return {"requests": s.requests, "rejected": s.rejected, "failures": s.failures, "timeouts": s.timeouts,
-                "resets": s.resets, "steps": s.steps, "in_flight": self.in_flight,
-                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99),
-                "env_step_p50_s": self.env_times.percentile(0.5), "env_step_p99_s": self.env_times.percentile(0.99)}
+        return (s.values("requests", "rejected", "failures", "timeouts", "resets", "steps") | {"in_flight": self.in_flight}
+                | s.percentiles() | self.env_times.percentiles("env_step"))
 
     def close(self) -> None:
         pass

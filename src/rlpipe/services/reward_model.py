@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlpipe.services._common import Counters, queue_full, run_service, service_app, settle
+from rlpipe.services._common import Counters, QueueWorker, batch_answer, run_service, service_app, settle
 
 log = logging.getLogger(__name__)
 
@@ -42,36 +40,30 @@ class _Job:
     future: Future = field(default_factory=Future)
 
 
-class RewardModelService:
+class RewardModelService(QueueWorker):
     """A scorer, a bounded queue of requests and one thread that scores them in micro-batches."""
 
     def __init__(self, scorer: Any, max_queue: int = 64, max_batch_items: int = 512, request_timeout_s: float = 30.0):
-        self.scorer, self.max_queue, self.max_batch_items = scorer, max_queue, max_batch_items
+        self.scorer, self.max_batch_items = scorer, max_batch_items
         self.request_timeout_s = request_timeout_s
         self.vocab = len(scorer.tokenizer)
         self.max_len = int(getattr(scorer.model.config, "max_position_embeddings", 4096))
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max_queue)
-        self.stats = Counters("requests", "rejected", "errors", "timeouts", "items", "batches", "batched_items", window=4096)
-        self._thread = threading.Thread(target=self._loop, name="rm-scorer", daemon=True)
-        self._thread.start()
+        stats = Counters("requests", "rejected", "errors", "timeouts", "items", "batches", "batched_items", window=4096)
+        super().__init__(stats, max_queue, "rm-scorer")
 
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            jobs, n = [first], len(first.seqs)
-            while n < self.max_batch_items:  # take what else is waiting: one forward batch for all
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                jobs.append(nxt)
-                n += len(nxt.seqs)
-            self._score(jobs)
+    def _work(self, first: _Job) -> None:
+        jobs, n = [first], len(first.seqs)
+        while n < self.max_batch_items:  # take what else is waiting: one forward batch for all
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                self._queue.put(None)  # close() was called: end once this batch is scored
+                break
+            jobs.append(nxt)
+            n += len(nxt.seqs)
+        self._score(jobs)
 
     def _score(self, jobs: list[_Job]) -> None:
         live = [j for j in jobs if j.future.set_running_or_notify_cancel()]  # drop those whose caller gave up
@@ -114,20 +106,10 @@ class RewardModelService:
                 "weights_sha256": self.scorer.weights_sha256, "reward_stats": self.scorer.stats,
                 "queue": self._queue.qsize(), "max_queue": self.max_queue}
 
-    def histograms(self) -> dict[str, Counters]:
-        return {"request_seconds": self.stats}
-
     def metrics(self) -> dict[str, Any]:
         s = self.stats
-        return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
-                "items": s.items, "batches": s.batches, "mean_batch_items": s.batched_items / max(s.batches, 1),
-                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99), "queue": self._queue.qsize()}
-
-    def close(self) -> None:
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass
+        return (s.values("requests", "rejected", "errors", "timeouts", "items", "batches")
+                | {"mean_batch_items": s.batched_items / max(s.batches, 1)} | s.percentiles() | {"queue": self._queue.qsize()})
 
 
 class Item(BaseModel):
@@ -156,27 +138,20 @@ def _answer(service: RewardModelService, job: _Job, wait: float) -> list[dict[st
 
 
 def create_app(service: RewardModelService):
-    from fastapi import HTTPException
-
     app = service_app("rlpipe reward model", "reward_model", service)
 
     @app.post("/score")
     def score(req: ScoreRequest) -> dict[str, Any]:
-        start = time.perf_counter()
-        service.stats.add(requests=1, items=len(req.items))
-        missing = [k for k, i in enumerate(req.items) if i.input_ids is None and i.response is None]
-        if missing:
-            raise HTTPException(status_code=422, detail=f"items {missing[:5]}: give a response (with its prompt) or input_ids")
-        try:
-            job = service.submit([service.encode(i) for i in req.items])
-        except queue.Full:
-            raise queue_full(service) from None
-        try:
-            out = _answer(service, job, req.timeout_s or service.request_timeout_s)
-        except Exception as e:  # noqa: BLE001 - the model failed on this batch; the service goes on
-            raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
-        service.stats.latency(time.perf_counter() - start)
-        return {"results": out}
+        def submit() -> _Job:
+            missing = [k for k, i in enumerate(req.items) if i.input_ids is None and i.response is None]
+            if missing:
+                raise ValueError(f"items {missing[:5]}: give a response (with its prompt) or input_ids")
+            return service.submit([service.encode(i) for i in req.items])
+
+        # a batch the model fails on is counted by the scorer thread, once for all the requests in it
+        return batch_answer(service, len(req.items), submit,
+                            lambda job: _answer(service, job, req.timeout_s or service.request_timeout_s),
+                            count_errors=False)
 
     return app
 

@@ -409,7 +409,7 @@ def rank_main(host: str, port: int, max_queue: int = 4, request_timeout_s: float
     ends a rank at once: between requests it holds nothing the store does not."""
     from rlpipe.config import settings
     from rlpipe.storage import open_store
-    from rlpipe.training.trainer import init_distributed
+    from rlpipe.training.engines import init_distributed
 
     _die_with_parent()
     rank, world = init_distributed()

@@ -25,9 +25,7 @@ when the app is built.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from rlpipe.rewards.base import VerifyResult
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
-from rlpipe.services._common import Counters, queue_full, run_service, service_app, settle
+from rlpipe.services._common import Counters, QueueWorker, batch_answer, run_service, service_app, settle
 
 MAX_ITEMS = 4096
 CHUNK_PER_WORKER = 16  # items per worker scored between two checks for an abandoned request
@@ -61,38 +59,31 @@ class Job:
         self.future.cancel()  # succeeds only while it still waits in the queue
 
 
-class VerifierService:
+class VerifierService(QueueWorker):
     """A pool, a bounded request queue and one dispatcher thread feeding the pool."""
 
     def __init__(self, workers: int = 2, grace_s: float = 5.0, max_queue: int = 64,
                  request_timeout_s: float = 60.0, plugins: tuple[str, ...] = (),
                  options: dict[str, dict[str, Any]] | None = None):
         self.pool = VerifierPool(workers=workers, grace_s=grace_s, plugins=plugins, options=options)
-        self.max_queue = max_queue
         self.request_timeout_s = request_timeout_s
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._backlog_s = 0.0  # declared budgets of the batches queued or being scored
         self._backlog_lock = threading.Lock()
-        self.stats = Counters("requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items", window=2048)
-        self._thread = threading.Thread(target=self._dispatch, name="verifier-dispatch", daemon=True)
-        self._thread.start()
+        stats = Counters("requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items", window=2048)
+        super().__init__(stats, max_queue, "verifier-dispatch")
 
     # -- the dispatcher: one thread, never ended by a request --------------------------------
 
-    def _dispatch(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            try:
-                self._run(job)
-            except Exception as e:  # noqa: BLE001 - this thread must outlive every request
-                self.stats.add(dispatch_errors=1)
-                log.exception("verifier dispatcher: a batch of %d item(s) failed", len(job.items))
-                settle(job.future, exception=e)
-            finally:
-                with self._backlog_lock:
-                    self._backlog_s -= job.budget_s
+    def _work(self, job: Job) -> None:
+        try:
+            self._run(job)
+        except Exception as e:  # noqa: BLE001 - this thread must outlive every request
+            self.stats.add(dispatch_errors=1)
+            log.exception("verifier dispatcher: a batch of %d item(s) failed", len(job.items))
+            settle(job.future, exception=e)
+        finally:
+            with self._backlog_lock:
+                self._backlog_s -= job.budget_s
 
     def _run(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():  # its handler gave up while it was queued
@@ -141,22 +132,14 @@ class VerifierService:
         return {"status": "ok" if alive else "degraded", "workers": self.pool.size, "alive": alive,
                 "queue": self._queue.qsize(), "max_queue": self.max_queue}
 
-    def histograms(self) -> dict[str, Counters]:
-        return {"request_seconds": self.stats}
-
     def metrics(self) -> dict[str, Any]:
         s = self.stats
-        return {"requests": s.requests, "rejected": s.rejected, "errors": s.errors, "timeouts": s.timeouts,
-                "abandoned": s.abandoned, "dispatch_errors": s.dispatch_errors, "items": s.items,
-                "latency_p50_s": s.percentile(0.5), "latency_p99_s": s.percentile(0.99),
-                "error_rate": s.errors / max(s.requests, 1), "queue": self._queue.qsize(),
-                "worker_restarts": self.pool.restarts}
+        return (s.values("requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items")
+                | s.percentiles() | {"error_rate": s.errors / max(s.requests, 1), "queue": self._queue.qsize(),
+                                     "worker_restarts": self.pool.restarts})
 
     def close(self) -> None:
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass
+        super().close()
         self.pool.close()
 
 
@@ -196,28 +179,14 @@ def _answer(service: VerifierService, job: Job, timeout_s: float | None) -> list
 
 
 def create_app(service: VerifierService):
-    from fastapi import HTTPException
-
     app = service_app("rlpipe verifier", "verifier", service)
 
     @app.post("/verify")
     def verify(req: VerifyRequest) -> dict[str, Any]:
-        start = time.perf_counter()
-        service.stats.add(requests=1, items=len(req.items))
         items = [VerifyItem(i.verifier, i.response, i.ground_truth) for i in req.items]
-        try:
-            job = service.submit(items, req.options)
-        except (ValueError, KeyError) as e:  # an option or verifier the service does not know
-            raise HTTPException(status_code=422, detail=str(e).strip("'\"")) from None
-        except queue.Full:
-            raise queue_full(service) from None
-        try:
-            out = _answer(service, job, req.timeout_s)
-        except Exception as e:  # noqa: BLE001 - the pool failed on this batch; the service goes on
-            service.stats.add(errors=1)
-            raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
-        service.stats.latency(time.perf_counter() - start)
-        return {"results": out}
+        # an option or verifier the service does not know: ValueError / KeyError from submit, so 422
+        return batch_answer(service, len(req.items), lambda: service.submit(items, req.options),
+                            lambda job: _answer(service, job, req.timeout_s))
 
     return app
 
