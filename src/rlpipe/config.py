@@ -14,11 +14,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from rlpipe.envs.spec import EnvSpec, env_class, tool_free_envs
+from rlpipe.yamlio import ConfigError, Strict as _Strict, read_yaml, validate_model
 
 __all__ = [
     "ConfigError",
@@ -30,25 +33,6 @@ __all__ = [
     "load_config",
     "settings",
 ]
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used. ``problems`` lists ``(yaml_path, message)`` pairs."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str]]):
-        self.source = source
-        self.problems = problems
-        lines = [f"{source}: {len(problems)} problem(s)"]
-        lines += [f"  {path or '<root>'}: {msg}" for path, msg in problems]
-        super().__init__("\n".join(lines))
-
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-class _Strict(BaseModel):
-    # Unknown keys are errors: a typo ("learning_rate" for "lr") must not silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def _reject_network_endpoint(value: str | None, env_var: str) -> str | None:
@@ -654,12 +638,10 @@ class TrackingConfig(_Strict):
         return _reject_network_endpoint(v, "RLPIPE_TRACKING_URI")
 
 
-def _check_tool_share(share: float, spec: Any) -> None:
-    from rlpipe.envs.experts import TOOL_FREE
-
-    if share < 1 and spec.env not in TOOL_FREE:
+def _check_tool_share(share: float, spec: EnvSpec) -> None:
+    if share < 1 and not env_class(spec.env).tool_free:
         raise ValueError(f"@sft_tool_share@the {spec.env!r} expert cannot solve its tasks without the tool; "
-                         f"set 1 (environments whose expert can: {', '.join(sorted(TOOL_FREE))})")
+                         f"set 1 (environments whose expert can: {', '.join(tool_free_envs())})")
 
 
 class AgentConfig(_Strict):
@@ -690,8 +672,6 @@ class AgentConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _read_env(cls, data: Any) -> Any:
-        from rlpipe.envs.base import EnvSpec
-
         if isinstance(data, dict) and isinstance(data.get("env"), str):
             path = Path(data["env"])
             data = dict(data, env=read_yaml(path))
@@ -703,8 +683,6 @@ class AgentConfig(_Strict):
 
     @model_validator(mode="after")
     def _spec(self) -> "AgentConfig":
-        from rlpipe.envs.base import EnvSpec
-
         if self.allow_hosts and self.executor != "sandbox":
             raise ValueError("@allow_hosts@only a sandboxed environment has an allow-list (in-process environments are "
                              "trusted and unrestricted); set executor: sandbox, or give the service --allow-host")
@@ -969,74 +947,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | None, source: st
     return raw
 
 
-def _yaml_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
 def validate_raw(raw: Any, source: str = "<config>") -> RunConfig:
     return validate_model(RunConfig, raw, source)
-
-
-def validate_model(model: type[_M], raw: Any, source: str) -> _M:
-    """``raw`` (a parsed YAML mapping) as ``model``, or a :class:`ConfigError` listing every problem by its
-    YAML path. Shared by run configs and the other YAML files validated like them (environment specs)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(source, [("", f"the top level must be a mapping, got {type(raw).__name__}")])
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            # Errors inside validators of a nested model carry no field name of their own.
-            loc = tuple(p for p in err["loc"] if p not in ("function-after", "function-before"))
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling; see `rlpipe config schema`)"
-            msg = msg.removeprefix("Value error, ")
-            if msg.startswith("@"):  # a model validator naming the key it refuses: "@key@message"
-                key, msg = msg[1:].split("@", 1)
-                loc = (*loc, key)
-            problems.append((_yaml_path(loc), msg))
-        raise ConfigError(source, problems) from None
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> Any:
-    """A config file with its ``extends:`` chain merged in (the extending file's keys win)."""
-    source = str(path)
-    if not path.exists():
-        where = f" (extended by {chain[-1]})" if chain else ""
-        raise ConfigError(source, [("", f"file not found{where}")])
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(source, [("", f"not valid YAML: {e}")]) from None
-    if not isinstance(raw, dict) or "extends" not in raw:
-        return raw
-    parent = raw.pop("extends")
-    if not isinstance(parent, str):
-        raise ConfigError(source, [("extends", "a path to the base config, relative to this file")])
-    parent_path = (path.parent / parent).resolve()
-    if parent_path in chain or parent_path == path.resolve():
-        raise ConfigError(source, [("extends", f"circular: {' -> '.join(map(str, chain + (path, parent_path)))}")])
-    base = read_yaml(parent_path, chain + (path.resolve(),))
-    if not isinstance(base, dict):
-        raise ConfigError(str(parent_path), [("", "the top level must be a mapping")])
-    return _deep_merge(base, raw)
 
 
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> RunConfig:

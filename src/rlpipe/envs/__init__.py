@@ -1,5 +1,6 @@
-"""Agent environments: the ``reset``/``step`` protocol, a registry by name, the action format, episodes
-with their limits and verdicts, and the built-in environments (``calculator``, ``guess``).
+"""Agent environments: the ``reset``/``step`` protocol and its registry (:mod:`.base`), the action format,
+episodes with their limits and verdicts, the built-in environments (``calculator``, ``guess``), and the specs
+a run names them by (:mod:`.spec`).
 
 Environment specs are YAML files (``configs/envs/*.yaml``) validated like run configs::
 
@@ -13,11 +14,12 @@ its ``agent:`` section.
 """
 
 from rlpipe.envs.actions import Action, InvalidAction, format_action, parse_action
-from rlpipe.envs.base import (EnvLimits, EnvSpec, Environment, StepResult, TaskError, ToolEnvironment, env_class, env_names,
-                              load_env_spec, register_env)
+from rlpipe.envs.base import EnvLimits, Environment, StepResult, TaskError, ToolEnvironment, register_env
 from rlpipe.envs.episode import Episode, Step, completeness_problems
+from rlpipe.envs.spec import EnvSpec, env_class, env_names, load_env_spec, tool_free_envs
 
 __all__ = [
     "Action", "EnvLimits", "EnvSpec", "Environment", "Episode", "InvalidAction", "Step", "StepResult", "TaskError", "ToolEnvironment",
     "completeness_problems", "env_class", "env_names", "format_action", "load_env_spec", "parse_action", "register_env",
+    "tool_free_envs",
 ]

@@ -1,4 +1,4 @@
-"""The environment protocol, its registry, and environment specs (YAML files validated like run configs).
+"""The environment protocol and its registry: what an environment is, and how it registers by name.
 
 An environment is a class registered by name with :func:`register_env`. It is built from its
 ``Params`` (a strict pydantic model: an unknown or mistyped parameter is an error naming its YAML path)
@@ -16,18 +16,22 @@ what was wrong, and the episode goes on. An environment that raises is *its own*
 :class:`rlpipe.envs.episode.Episode` ends the episode with status ``error`` (excluded from the
 update and counted), never reward 0. A task the environment cannot run raises :class:`TaskError`
 from ``reset``, naming the field and the fix — also ``error``.
+
+Looking an environment up by name, and the spec a run gives (:class:`rlpipe.envs.spec.EnvSpec`), live in
+:mod:`rlpipe.envs.spec`, above the built-in environments, which register here when imported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field
 
 from rlpipe.envs.actions import InvalidAction, parse_action
+from rlpipe.registry import Registry
+from rlpipe.yamlio import Strict
 
 
 class TaskError(ValueError):
@@ -48,34 +52,35 @@ class Environment(Protocol):
     name: ClassVar[str]
     version: ClassVar[str]
     tools: ClassVar[tuple[str, ...]]
+    tool_free: ClassVar[bool]
 
     def reset(self, task: dict[str, Any], seed: int) -> str: ...
 
     def step(self, action: str) -> StepResult: ...
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NoParams(_Strict):
+class NoParams(Strict):
     """An environment without parameters."""
 
 
-_REGISTRY: dict[str, type] = {}
+# Environment classes by name. Look names up through rlpipe.envs.spec (env_class), which loads the built-ins.
+ENVIRONMENTS: Registry[type] = Registry(
+    "environment", fix="check the spelling, or import the module that registers it (@register_env) first")
 
 
-def register_env(name: str, version: str, tools: tuple[str, ...] = ()) -> Callable[[type], type]:
+def register_env(name: str, version: str, tools: tuple[str, ...] = (), tool_free: bool = False) -> Callable[[type], type]:
     """Register an environment class under ``name``; its ``Params`` model (default: none) types its
-    parameters. Registering a name twice is an error."""
+    parameters. Registering a name twice is an error.
+
+    ``tool_free``: the environment's tasks can also be solved without calling its tools (its scripted expert
+    can answer at once), so an SFT warm-up may mix in demonstrations without tool calls
+    (``agent.sft_tool_share`` below 1)."""
 
     def deco(cls: type) -> type:
-        if name in _REGISTRY:
-            raise ValueError(f"environment {name!r} is registered twice ({_REGISTRY[name].__qualname__}, {cls.__qualname__})")
-        cls.name, cls.version, cls.tools = name, version, tuple(tools)
+        ENVIRONMENTS.add(name, cls)  # first: a name taken twice raises before the class is changed
+        cls.name, cls.version, cls.tools, cls.tool_free = name, version, tuple(tools), tool_free
         if not hasattr(cls, "Params"):
             cls.Params = NoParams
-        _REGISTRY[name] = cls
         return cls
 
     return deco
@@ -115,67 +120,8 @@ class ToolEnvironment:
         raise NotImplementedError
 
 
-def env_names() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
-
-
-def env_class(name: str) -> type:
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def _load_builtins() -> None:
-    from rlpipe.envs import calculator, guess  # noqa: F401 - registering is the import's effect
-
-
-class EnvLimits(_Strict):
+class EnvLimits(Strict):
     max_steps: int = Field(8, ge=1, le=1000, description="Steps (actions) per episode; an episode that reaches it is kept, flagged truncated.")
     episode_timeout_s: float = Field(
         120.0, gt=0, description="Wall-clock seconds per episode, counted from reset and checked after every step; "
         "an episode past it is kept, flagged truncated.")
-
-
-class EnvSpec(_Strict):
-    """One environment as a run uses it: which one, its parameters and its limits."""
-
-    env: str = Field(description="A registered environment name (`rlpipe.envs.env_names()`).")
-    params: dict[str, Any] = Field(default_factory=dict, description="The environment's own parameters (its `Params` model).")
-    limits: EnvLimits = Field(default_factory=EnvLimits)
-    tools: list[str] | None = Field(None, description="The tools the policy may call: a subset of the environment's (default: all).")
-
-    @model_validator(mode="after")
-    def _known(self) -> "EnvSpec":
-        try:
-            cls = env_class(self.env)
-        except KeyError as e:
-            raise ValueError(f"@env@{e.args[0]}") from None
-        try:
-            cls.Params.model_validate(self.params)
-        except ValidationError as e:  # the first problem, with its path under params
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            msg = "unknown parameter" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
-            raise ValueError(f"@params{'.' + where if where else ''}@{msg} (environment {self.env!r})") from None
-        unknown = sorted(set(self.tools or ()) - set(cls.tools))
-        if unknown:
-            raise ValueError(f"@tools@unknown tool(s) {unknown}; {self.env!r} offers {list(cls.tools)}")
-        return self
-
-    def make(self) -> Environment:
-        """A fresh environment instance (one per episode)."""
-        cls = env_class(self.env)
-        env = cls(cls.Params.model_validate(self.params))
-        if self.tools is not None:
-            env.allowed_tools = tuple(self.tools)
-        return env
-
-
-def load_env_spec(path: str | Path) -> EnvSpec:
-    """An environment spec from YAML (``extends:`` works as in run configs); every problem is reported
-    with its YAML path, as :class:`rlpipe.config.ConfigError`."""
-    from rlpipe.config import read_yaml, validate_model
-
-    return validate_model(EnvSpec, read_yaml(Path(path)), str(path))

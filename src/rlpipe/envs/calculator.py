@@ -21,7 +21,8 @@ from typing import Any
 from pydantic import Field
 
 from rlpipe.envs.actions import parse_int
-from rlpipe.envs.base import StepResult, TaskError, ToolEnvironment, _Strict, register_env
+from rlpipe.envs.base import StepResult, TaskError, ToolEnvironment, register_env
+from rlpipe.yamlio import Strict
 
 MAX_EXPR_CHARS = 64
 MAX_EXPONENT = 8
@@ -66,7 +67,7 @@ def _eval(node: ast.AST) -> int:
     return value
 
 
-class CalculatorParams(_Strict):
+class CalculatorParams(Strict):
     digits: int = Field(4, ge=1, le=9, description="Digits of each operand of a drawn problem.")
     ops: list[str] = Field(["+", "*"], min_length=1, description="Operators a drawn problem uses: any of + - *.")
     partial_credit: float = Field(0.0, ge=0, lt=1, description="A wrong answer earns this times the share of the value's "
@@ -78,7 +79,7 @@ class CalculatorParams(_Strict):
             raise ValueError(f"ops: {bad} not supported; use + - *")
 
 
-@register_env("calculator", version="1", tools=("calc",))
+@register_env("calculator", version="1", tools=("calc",), tool_free=True)  # its expert can also answer in its head
 class Calculator(ToolEnvironment):
     Params = CalculatorParams
     takes_answer = True

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlpipe.envs.actions import format_action
-from rlpipe.envs.base import EnvSpec
 from rlpipe.envs.calculator import evaluate
 from rlpipe.envs.episode import Episode
+from rlpipe.envs.spec import EnvSpec
 
 
 def _calculator(use_tool: bool = True) -> Callable[[str], str]:
@@ -52,9 +52,8 @@ def _guess(use_tool: bool = True) -> Callable[[str], str]:
     return act
 
 
+# An expert takes ``use_tool=False`` only where its environment registered as ``tool_free``.
 EXPERTS: dict[str, Callable[[bool], Callable[[str], str]]] = {"calculator": _calculator, "guess": _guess}
-# Experts that can also solve their tasks without the environment's tools (``use_tool=False``).
-TOOL_FREE = frozenset({"calculator"})
 
 
 def uses_tool(k: int, share: float) -> bool:
@@ -65,7 +64,7 @@ def uses_tool(k: int, share: float) -> bool:
 
 def demonstrate(spec: EnvSpec, task: dict[str, Any], seed: int, use_tool: bool = True) -> Episode:
     """The expert's episode on ``task``: finished, with its steps (``status`` ok, ``done`` when solved).
-    ``use_tool=False``: the expert answers without calling a tool (experts in :data:`TOOL_FREE` only)."""
+    ``use_tool=False``: the expert answers without calling a tool (environments registered ``tool_free`` only)."""
     if spec.env not in EXPERTS:
         raise KeyError(f"no expert for environment {spec.env!r}; experts: {', '.join(sorted(EXPERTS))}")
     expert = EXPERTS[spec.env](use_tool)

@@ -15,10 +15,11 @@ from typing import Any
 from pydantic import Field
 
 from rlpipe.envs.actions import parse_int
-from rlpipe.envs.base import StepResult, TaskError, ToolEnvironment, _Strict, register_env
+from rlpipe.envs.base import StepResult, TaskError, ToolEnvironment, register_env
+from rlpipe.yamlio import Strict
 
 
-class GuessParams(_Strict):
+class GuessParams(Strict):
     lo: int = Field(1, description="Smallest possible secret.")
     hi: int = Field(100, description="Largest possible secret.")
     step_penalty: float = Field(0.0, ge=0, le=1, description="Reward subtracted per guess (a per-step reward).")

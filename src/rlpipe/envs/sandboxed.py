@@ -37,7 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlpipe import http_client
-from rlpipe.envs.base import EnvSpec, StepResult
+from rlpipe.envs.base import StepResult
+from rlpipe.envs.spec import EnvSpec
 
 _LIB, _PLUGINS, _NET = "/opt/rlpipe/lib", "/opt/rlpipe/plugins", "/opt/rlpipe/net"
 _DEPENDENCIES = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection")
@@ -65,7 +66,8 @@ if req["net"]:
     net.SOCKET = next(p for p in req["net"] if os.path.exists(p))
 for mod in req["plugins"]:
     importlib.import_module(mod)
-from rlpipe.envs.base import EnvSpec, StepResult
+from rlpipe.envs.base import StepResult
+from rlpipe.envs.spec import EnvSpec
 
 class StepTimeout(Exception):
     pass
@@ -233,7 +235,7 @@ class ReplayEnv:
 
     @property
     def version(self) -> str:
-        from rlpipe.envs.base import env_class
+        from rlpipe.envs.spec import env_class
 
         return env_class(self.spec.env).version
 

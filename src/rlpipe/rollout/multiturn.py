@@ -23,7 +23,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from rlpipe.envs.base import EnvSpec, Environment
+from rlpipe.envs.base import Environment
+from rlpipe.envs.spec import EnvSpec
 from rlpipe.envs.episode import Episode
 from rlpipe.rollout.base import RolloutEngine, SamplingConfig
 from rlpipe.storage.samples import Sample
