@@ -24,7 +24,8 @@ import errno
 import io
 import os
 import socket
-import threading
+
+from rlpipe.sandbox._once import Once
 
 __all__ = ["build_bpf", "seccomp_version", "DENIED_SYSCALLS"]
 
@@ -62,9 +63,6 @@ _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _LOW32 = 0xFFFFFFFF
 _SIGN32 = 0x80000000
-
-_lock = threading.Lock()
-_cached: bytes | None = None
 
 
 def seccomp_version() -> str:
@@ -125,10 +123,9 @@ def _compile() -> bytes:
     return data
 
 
+_bpf: Once[bytes] = Once(_compile)
+
+
 def build_bpf() -> bytes:
     """The compiled filter (cached for the process). Raises if pyseccomp/libseccomp is unusable."""
-    global _cached
-    with _lock:
-        if _cached is None:
-            _cached = _compile()
-        return _cached
+    return _bpf.get()
