@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.sandbox import isolation_report
-from rlpipe.sandbox import _cgroup, _core
+from rlpipe.sandbox import _cgroup, _detect, _slots
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +30,8 @@ def need(report: dict, *components: str) -> None:
 
 
 def sandbox_uid_range() -> range:
-    base = _core._uid_base()
-    return range(base, base + _core._n_slots())
+    base = _slots._uid_base()
+    return range(base, base + _slots._n_slots())
 
 
 def _status(pid: str) -> str | None:
@@ -95,7 +95,7 @@ def launcher_descendants() -> list[tuple[int, str]]:
 
 def cgroups_of(owner: str | None) -> list[Path]:
     """The run cgroups (in every base) whose name says `owner` (``<pid>-<start>``) made them."""
-    caps = _core._caps
+    caps = _detect._caps.peek()
     if owner is None or caps is None or caps.cgroup is None:
         return []
     out = []

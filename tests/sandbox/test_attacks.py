@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.sandbox import SandboxLimits, run_python
-from rlpipe.sandbox import _cgroup, _core
+from rlpipe.sandbox import _cgroup, _detect, _program, _run, _slots
 from tests.sandbox.conftest import (
     cgroups_of,
     last_json,
@@ -207,12 +207,12 @@ def _daemon_attempt(report, mode: str, direct: bool = False) -> None:
     outbox = tempfile.mkdtemp(prefix="rlpipe-sbx-outbox-", dir="/tmp")
     os.chmod(outbox, 0o777)
     try:
-        plan = _core._plan_for_run()
+        plan = _detect._plan_for_run()
         inside = outbox if direct else "/outbox"
         limits = SandboxLimits(wall_s=1.5 if mode == "timeout" else 10)
         delay = 2.5 if mode == "timeout" else 1.0  # the late write comes after the run has ended
         t0 = time.monotonic()
-        r = _core._execute(DAEMON, "", limits, None, [inside, mode, str(delay)], plan,
+        r = _run._execute(DAEMON, "", limits, None, [inside, mode, str(delay)], plan,
                            binds=None if direct else [(outbox, "/outbox")])
         assert "daemon started" in r.stdout, r
         assert r.status == ("timeout" if mode == "timeout" else "ok"), r
@@ -398,7 +398,7 @@ def test_secrets_are_out_of_reach(report, monkeypatch):
     assert secret not in r.stdout and secret not in r.stderr
     out = last_json(r.stdout)
     assert "RLPIPE_TEST_SECRET" not in out["env"] and "AWS_SECRET_ACCESS_KEY" not in out["env"]
-    assert set(out["env"]) <= set(_core._SANDBOX_ENV) | {"HOME", "TMPDIR", "PWD"}, out["env"]
+    assert set(out["env"]) <= set(_program._SANDBOX_ENV) | {"HOME", "TMPDIR", "PWD"}, out["env"]
     for p in ["/etc/shadow", "/etc/gshadow", "/root/.bash_history", "/root/.cache", f"/proc/{os.getpid()}/environ",
               "/root", "/home"]:
         assert out["reads"][p].startswith("denied"), (p, out["reads"][p][:200])
@@ -660,8 +660,8 @@ def test_runs_as_an_unprivileged_worker_uid_with_rlimits(report):
     r = run_python(code, limits=SandboxLimits(max_file_mb=2, max_open_files=32))
     assert r.status == "ok", r
     out = last_json(r.stdout)
-    base = _core._uid_base()
-    assert base <= out["uid"] < base + _core._n_slots() and out["euid"] == out["uid"] == out["gid"]
+    base = _slots._uid_base()
+    assert base <= out["uid"] < base + _slots._n_slots() and out["euid"] == out["uid"] == out["gid"]
     assert out["groups"] == []
     assert out["core"] == [0, 0]
     assert out["fsize"] == 27  # EFBIG

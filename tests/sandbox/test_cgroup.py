@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.sandbox import _cgroup, _core, run_python
+from rlpipe.sandbox import _cgroup, _detect, run_python
 from tests.sandbox.conftest import cgroups_of, need
 
 NEXT_START = "from rlpipe.sandbox import isolation_report; isolation_report()"
@@ -29,7 +29,7 @@ def _dead_pid() -> int:
 
 
 def _manager() -> _cgroup.CgroupManager:
-    caps = _core._caps
+    caps = _detect._caps.peek()
     assert caps is not None and caps.cgroup is not None
     return caps.cgroup
 
@@ -70,7 +70,7 @@ def test_the_owner_id_is_pid_and_start_time():
 
 def test_the_next_start_sweeps_groups_of_dead_owners_only(report):
     need(report, "cgroup")
-    _core._capabilities()
+    _detect._capabilities()
     sleeper = subprocess.Popen(["sleep", "60"])
     straggler = subprocess.Popen(["sleep", "60"])
     live = f"slot63-{_cgroup.owner_id(sleeper.pid)}"
@@ -99,7 +99,7 @@ def test_the_next_start_sweeps_groups_of_dead_owners_only(report):
 def test_idle_groups_of_a_caller_killed_between_runs_are_swept_at_next_start(report, tmp_path):
     """No launcher is running between runs, so nothing outlives the caller to clean up after it."""
     need(report, "cgroup")
-    _core._capabilities()
+    _detect._capabilities()
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent("""
         import time

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from rlpipe.sandbox import SandboxLimits, SandboxResult, SandboxUnavailableError, isolation_report, run_python
-from rlpipe.sandbox import _core
+from rlpipe.sandbox import _detect, _run
 from tests.sandbox.conftest import last_json, need
 
 
@@ -153,7 +153,7 @@ def test_concurrent_calls_from_threads():
 def test_degraded_level_is_loud_and_named(report, monkeypatch, caplog):
     need(report, "bwrap")
     monkeypatch.setenv("RLPIPE_SANDBOX_DISABLE", "bwrap")
-    monkeypatch.setattr(_core, "_warned_levels", set())
+    monkeypatch.setattr(_detect, "_warned_levels", set())
     with caplog.at_level(logging.WARNING, logger="rlpipe.sandbox"):
         r = run_python("print('fallback')")
     assert r.status == "ok" and r.stdout == "fallback\n"
@@ -176,9 +176,9 @@ def test_import_has_no_side_effects(tmp_path):
     code = (
         f"import os, sys; os.chdir({str(tmp_path)!r})\n"
         "import rlpipe.sandbox, rlpipe.sandbox.cli\n"
-        "from rlpipe.sandbox import _core\n"
+        "from rlpipe.sandbox import _detect\n"
         "bad = [m for m in ('prefect', 'mlflow', 'boto3', 'vllm', 'deepspeed', 'torch', 'pyseccomp') if m in sys.modules]\n"
-        "print(sorted(os.listdir('.')), bad, _core._caps is None)\n"
+        "print(sorted(os.listdir('.')), bad, _detect._caps.peek() is None)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] [] True"
@@ -205,11 +205,11 @@ def test_cli_prints_one_json_object(tmp_path):
 
 def test_a_bubblewrap_setup_failure_is_not_blamed_on_the_code(report, monkeypatch):
     need(report, "bwrap")
-    plan = _core._plan_for_run()
-    r = _core._execute("print(1)", "", SandboxLimits(), None, None, plan, binds=[("/nonexistent-rlpipe", "/x")])
+    plan = _detect._plan_for_run()
+    r = _run._execute("print(1)", "", SandboxLimits(), None, None, plan, binds=[("/nonexistent-rlpipe", "/x")])
     assert r.status == "error" and r.exit_code is None
     assert "sandbox setup failed" in r.stderr
     monkeypatch.setenv("RLPIPE_SANDBOX_STRICT", "1")
-    monkeypatch.setattr(_core, "_execute", lambda *a, **k: r)
+    monkeypatch.setattr(_run, "_execute", lambda *a, **k: r)
     with pytest.raises(SandboxUnavailableError):
         run_python("print(1)")

@@ -62,12 +62,53 @@ warned like any fallback).
   attacker already controls root, the system Python, or ``/usr``.
 """
 
-from rlpipe.sandbox._core import (
-    SandboxLimits,
-    SandboxResult,
-    SandboxUnavailableError,
-    isolation_report,
-    run_python,
-)
+from __future__ import annotations
+
+import logging
+
+from rlpipe.sandbox import _detect, _run
+from rlpipe.sandbox._detect import isolation_report
+from rlpipe.sandbox._program import _check_files, _check_ro_binds
+from rlpipe.sandbox._types import SandboxLimits, SandboxResult, SandboxUnavailableError
+
+log = logging.getLogger("rlpipe.sandbox")
 
 __all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailableError", "isolation_report", "run_python"]
+
+
+def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None,
+               files: dict[str, str] | None = None, argv: list[str] | None = None,
+               ro_binds: list[tuple[str, str]] | None = None) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a fresh private work dir under the strongest isolation available.
+
+    ``files`` are written next to main.py first (relative paths; importable), ``argv`` follows
+    ``main.py`` on the command line, ``stdin`` is the program's standard input. ``ro_binds``
+    ``(host_path, sandbox_path)`` show trusted host files or folders read-only inside bubblewrap (e.g. a
+    library the code imports); without bubblewrap there is no private mount view and they are not made,
+    so the code sees the host paths (as far as the worker uid may read them). Never raises
+    because of what the code does; raises :class:`SandboxUnavailableError` only when
+    ``RLPIPE_SANDBOX_STRICT=1`` and the full isolation level cannot be set up (without strict
+    mode a setup failure is an ``error`` result whose stderr says so).
+    """
+    limits = limits or SandboxLimits()
+    if not isinstance(code, str) or not isinstance(stdin, str):
+        raise TypeError("code and stdin must be str")
+    _check_files(files)
+    _check_ro_binds(ro_binds)
+    plan = _detect._plan_for_run()
+    if plan is None:
+        return SandboxResult("error", None, "", "rlpipe.sandbox: no sandbox available on this machine "
+                             "(see rlpipe.sandbox.isolation_report())", 0.0, 0.0, "none")
+    try:
+        result = _run._execute(code, stdin, limits, files, argv, plan, ro_binds=ro_binds)
+    except (ValueError, TypeError):
+        raise
+    except Exception as e:
+        if _detect._strict():
+            raise SandboxUnavailableError(f"rlpipe.sandbox: sandbox setup failed: {e}") from e
+        log.error("rlpipe.sandbox: sandbox setup failed: %s", e, exc_info=True)
+        return SandboxResult("error", None, "", f"rlpipe.sandbox: sandbox setup failed: {type(e).__name__}: {e}",
+                             0.0, 0.0, plan.level)
+    if getattr(result, "_setup_failed", False) and _detect._strict():
+        raise SandboxUnavailableError(result.stderr.strip().splitlines()[-1])
+    return result
