@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
-from rlpipe.config import ConfigError, _Strict, apply_overrides, read_yaml, validate_model
+from rlpipe.config import ConfigError, apply_overrides, read_yaml, validate_model
+from rlpipe.yamlio import Strict
 from rlpipe.evaluation import Judged, benchmark_metrics
 
 __all__ = ["Benchmark", "PreparedBenchmark", "SamplingSpec", "EVALS_DIR", "benchmark_rows", "cut_at_stop", "load_benchmark",
@@ -33,7 +34,7 @@ _CHECKOUT = Path(__file__).resolve().parents[2]  # then under the checkout this 
 TABLE_ROWS = 2000  # responses per benchmark kept in MLflow's table view (the metrics count every one)
 
 
-class SamplingSpec(_Strict):
+class SamplingSpec(Strict):
     """Sampled responses for pass@k."""
 
     n: int = Field(10, ge=1, description="Samples per problem.")
@@ -49,7 +50,7 @@ class SamplingSpec(_Strict):
         return self
 
 
-class Benchmark(_Strict):
+class Benchmark(Strict):
     """One benchmark of the suite (a ``configs/evals/<name>.yaml`` file)."""
 
     name: str = Field(description="Name in metric keys (`<name>/greedy_acc`); default: the file's stem.")
