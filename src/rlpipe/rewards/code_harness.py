@@ -5,6 +5,10 @@ test; the program runs in a second interpreter (PROGRAM_SERVER) that only answer
 stdin/stdout cases and expressions: the harness only reports the program's stdout or an expression's
 ``repr``, judged outside the sandbox. Every report line carries the run's nonce and goes to a
 private copy of the real stdout, which the program never holds.
+
+Over 400 lines as one idea: the source text of the three programs and of the pieces pasted into them
+(the prelude, the value codec both interpreters share, the program server); each program reads top to
+bottom here as the one script the sandbox runs.
 """
 
 

@@ -18,7 +18,6 @@ number, whatever run made it), so rlpipe's ``latest`` is stored as the alias ``l
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
