@@ -51,8 +51,7 @@ class TrackingConfig(Strict):
     stage_task_runs: bool = Field(
         False, description="Record each stage of an iteration (rollout, verify, update, sync-weights, "
         "upload-checkpoint) as a Prefect task run of the iteration's flow run, for a box per stage in the UI. "
-        "It costs the demo's iteration ~0.11 s (12%) on 2 cores, the Prefect server storing the task runs' events "
-        "on the same cores, and next to nothing beside an iteration of seconds. false: the stages run as calls; "
+        "Each task run adds the Prefect server's work of storing its events. false: the stages run as calls; "
         "their retries, timeouts and log lines are the same, the stage times are in the run's metrics (time/*) "
         "and in each iteration's log line. register-checkpoint, at save points, is a task run either way.")
     system_metrics_s: float | None = Field(

@@ -33,8 +33,7 @@ class RolloutConfig(Strict):
         True, description="On-policy overlap: right after iteration k's weight sync (and its metrics), iteration "
         "k+1's first batch is generated in the background by the policy just synced, while iteration k's flow run "
         "finishes and k+1's starts; k+1's rollout task takes that batch (the same batch, seed and policy as without "
-        "it; on 2 CPU cores 7% less time per iteration, benchmarks/README.md). false: generate inside k+1's rollout "
-        "task. With async_steps: 1 the batch is generated during the update instead, and prefetch is off (setting it "
+        "it). false: generate inside k+1's rollout task. With async_steps: 1 the batch is generated during the update instead, and prefetch is off (setting it "
         "true there is an error)."
     )
     max_model_len: int | None = Field(

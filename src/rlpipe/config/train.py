@@ -145,9 +145,8 @@ class TrainConfig(Strict):
         "and epoch, the same after a resume). samples: each sample on its own, as TRL's GRPOTrainer shuffles them. "
         "groups: whole groups (the samples of one prompt) in a shuffled order of groups, as a split of the batch in "
         "generation order keeps them, so a mini-batch holds fewer prompts and train.share_prompts computes each of them "
-        "once for up to rollout.samples_per_prompt responses: at the demo's size the update is 28-49% shorter, but "
-        "after 80 iterations held-out accuracy was 3-9 points lower in 3 of 3 seeds (benchmarks/README.md). Advantages "
-        "are computed over the whole batch before either."
+        "once for up to rollout.samples_per_prompt responses. Advantages are computed over the whole batch before "
+        "either."
     )
     mask_truncated: bool = Field(
         False, description="DAPO overlong filtering: responses cut at max_new_tokens take no part in the loss."
@@ -172,8 +171,7 @@ class TrainConfig(Strict):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: the policy's, the reference's and the critic's forward passes (and so their "
         "backward) run under bfloat16 autocast, as TRL's bf16=True: weights, gradients, Adam moments, log-probs and "
-        "losses stay float32. It pays where the matrices are large enough for a GPU's bf16 units; at 3M-400M "
-        "parameters on an H200 and on CPU it was slower than fp32 (benchmarks/README.md, 'One GPU'). The weight-sync "
+        "losses stay float32. It pays where the matrices are large enough for a GPU's bf16 units. The weight-sync "
         "probe still compares the engine with the trainer's float32 forward."
     )
     zero_stage: int = Field(
