@@ -29,12 +29,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def positions(trainer, batch: list, micro: int) -> dict[str, int]:
     """Positions the forward computes over one update's micro-batches (in the update's shuffled order): padded,
     and as the trainer lays them."""
-    from rlpipe.training.trainer import _collate
+    from rlpipe.training.packing import collate
 
     order = trainer._order(batch, 1, 0)  # the first timed update's order
     padded = laid = 0
     for start in range(0, len(batch), micro):
-        m = _collate([batch[i] for i in order[start : start + micro]], {}, trainer.tokenizer.pad_token_id,
+        m = collate([batch[i] for i in order[start : start + micro]], {}, trainer.tokenizer.pad_token_id,
                      pack=trainer.cfg.pack_sequences, share=trainer.cfg.share_prompts)
         padded += m.input_ids.numel()
         laid += m.packed.input_ids.numel() if m.packed is not None else m.input_ids.numel()

@@ -27,9 +27,9 @@ PARTS = {  # (file suffix, function) → label
     ("rl.py", "prove_sync"): "sync: probe (engine + trainer)",
     ("vllm_engine.py", "sequence_logprobs"): "sync: probe on the engine",
     ("trainer.py", "sequence_logprobs"): "sync: probe on the trainer",
-    ("trainer.py", "export_weights"): "save: HF weights, config, hash",
+    ("saving.py", "export_weights"): "save: HF weights, config, hash",
     ("engine.py", "save_checkpoint"): "save: DeepSpeed checkpoint",
-    ("checkpoint.py", "weights_sha256"): "save + sync: sha256 of the weights",
+    ("weights.py", "weights_sha256"): "save + sync: sha256 of the weights",
 }
 
 

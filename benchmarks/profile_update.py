@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The parts, by the function whose cumulative time they are (file name fragment, function name).
 PARTS = {
     "precompute (log-probs before the first step)": ("trainer.py", "_precompute"),
-    "prepare (advantages, per-token inputs)": ("trainer.py", "_prepare"),
-    "collate micro-batches": ("trainer.py", "_collate"),
-    "forward + loss": ("trainer.py", "_micro_loss"),
+    "prepare (advantages, per-token inputs)": ("update_math.py", "_prepare"),
+    "collate micro-batches": ("packing.py", "collate"),
+    "forward + loss": ("update_math.py", "_micro_loss"),
     "backward": ("engine.py", "backward"),
     "optimizer step": ("engine.py", "step"),
     "gradient norm": ("clip_grad.py", "_get_total_norm"),

@@ -19,8 +19,8 @@ def scored_samples(logprobs: list[list[float]], prompts=PROMPTS, responses=RESPO
 @torch.no_grad()
 def cpu_logprobs(model, pad_id: int, prompts=PROMPTS, responses=RESPONSES) -> list[list[float]]:
     from rlpipe.algorithms.functional import token_logprobs
-    from rlpipe.training.trainer import _collate
+    from rlpipe.training.packing import collate
 
-    micro = _collate([Sample(p, r, [0.0] * len(r), 0.0, 0) for p, r in zip(prompts, responses)], {}, pad_id)
+    micro = collate([Sample(p, r, [0.0] * len(r), 0.0, 0) for p, r in zip(prompts, responses)], {}, pad_id)
     lp = token_logprobs(model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1], micro.targets)
     return [lp[i, len(p) - 1 : len(p) - 1 + len(r)].tolist() for i, (p, r) in enumerate(zip(prompts, responses))]

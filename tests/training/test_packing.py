@@ -7,16 +7,17 @@ import torch
 
 from rlpipe.config import TrainConfig
 from rlpipe.storage.samples import Sample
-from rlpipe.training import trainer as trainer_mod
-from rlpipe.training.trainer import PolicyTrainer, _collate, _pack, check_packing
+from rlpipe.training import packing as packing_mod
+from rlpipe.training.packing import check_packing, collate, pack_rows
+from rlpipe.training.trainer import PolicyTrainer
 
 
 def test_layout_by_hand(monkeypatch):
     """Lengths 5, 2, 2 with rows of 6 (PACK_ROW lowered): 9 tokens → 2 rows; longest first into the least
     filled → [s0] and [s1 s2 + a 1-token tail], as wide as the fullest (5); every position that predicts a
     token of its own sequence maps to its padded place."""
-    monkeypatch.setattr(trainer_mod, "PACK_ROW", 6)
-    p = _pack([[11, 12, 13, 14, 15], [21, 22], [31, 32]], width=5, pad_id=0)
+    monkeypatch.setattr(packing_mod, "PACK_ROW", 6)
+    p = pack_rows([[11, 12, 13, 14, 15], [21, 22], [31, 32]], width=5, pad_id=0)
     assert p.input_ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 31, 32, 0]]
     assert p.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 0, 1, 0]]
     # packed (R, C-1 = 4) flat → padded (b, L-1 = 4) flat: s0 t0..3, s1 t0, s2 t0
@@ -26,10 +27,10 @@ def test_layout_by_hand(monkeypatch):
 
 def test_unpack_places_each_position_and_passes_gradients(monkeypatch):
     """Lengths 5, 2, 3 → rows [s0] and [s2 s1]."""
-    monkeypatch.setattr(trainer_mod, "PACK_ROW", 6)
+    monkeypatch.setattr(packing_mod, "PACK_ROW", 6)
     samples = [Sample([11, 12], [13, 14, 15], [0.0] * 3, 0.0, 0), Sample([21], [22], [0.0], 0.0, 0),
                Sample([31, 32], [33], [0.0], 0.0, 0)]
-    micro = _collate(samples, {}, 0, pack=True)
+    micro = collate(samples, {}, 0, pack=True)
     assert micro.packed.input_ids.tolist() == [[11, 12, 13, 14, 15], [31, 32, 33, 21, 22]]
     x = torch.arange(8, dtype=torch.float32).view(2, 4).requires_grad_(True)
     out = micro.unpack(x)
@@ -63,8 +64,8 @@ def test_packed_forward_equals_padded(tiny_checkpoint):
     model = t.engine.module.eval()
     samples = _samples()
     with torch.no_grad():
-        padded = _collate(samples, {}, t.tokenizer.pad_token_id)
-        packed = _collate(samples, {}, t.tokenizer.pad_token_id, pack=True)
+        padded = collate(samples, {}, t.tokenizer.pad_token_id)
+        packed = collate(samples, {}, t.tokenizer.pad_token_id, pack=True)
         lp_pad, logits_pad = t._forward(padded, model)
         lp_pack, logits_pack = t._forward(packed, model)
     keep = padded.attention_mask[:, 1:].bool()
@@ -139,10 +140,10 @@ def test_a_model_that_mixes_packed_sequences_is_refused(tiny_checkpoint):
 def test_a_micro_batch_moves_whole_to_the_engines_device(monkeypatch):
     """Every tensor of a micro-batch, its per-token inputs and its packed rows follow it to the device (the
     meta device stands in for a GPU here); on its own device it is returned as is."""
-    monkeypatch.setattr(trainer_mod, "PACK_ROW", 6)
+    monkeypatch.setattr(packing_mod, "PACK_ROW", 6)
     samples = [Sample([11, 12], [13, 14, 15], [0.0] * 3, 0.0, 0), Sample([21], [22], [0.0], 0.0, 0),
                Sample([31, 32], [33], [0.0], 0.0, 0)]
-    micro = _collate(samples, {"advantages": [[1.0] * 3, [1.0], [1.0]]}, 0, pack=True)
+    micro = collate(samples, {"advantages": [[1.0] * 3, [1.0], [1.0]]}, 0, pack=True)
     assert micro.to(torch.device("cpu")) is micro
     moved = micro.to(torch.device("meta"))
     tensors = [moved.input_ids, moved.attention_mask, moved.targets, moved.mask, moved.action, *moved.tok.values(),
@@ -154,7 +155,7 @@ def test_a_micro_batch_moves_whole_to_the_engines_device(monkeypatch):
 def test_token_bins_by_hand():
     """First fit, longest first: packed bins cost the sum of lengths, padded ones rows × the longest; a sequence
     over the budget is a bin alone."""
-    from rlpipe.training.trainer import token_bins
+    from rlpipe.training.packing import token_bins
 
     lengths, ids = [5, 9, 3, 4, 12, 2], ["a", "b", "c", "d", "e", "f"]
     assert token_bins(lengths, ids, 12, packed=True) == [["e"], ["b", "c"], ["a", "d", "f"]]

@@ -51,7 +51,7 @@ def test_zero_splits_and_lora_shrinks(standins):
     assert off.total_bytes == sum(v for k, v in off.components.items() if k != "cpu_optimizer_offload")
     lora = plan_memory(_cfg(lora={"r": 4}, kl_coef=0.05), folder, gpu=False)
     from rlpipe.config import LoraConfig
-    from rlpipe.training.trainer import with_lora
+    from rlpipe.training.lora import with_lora
 
     peft_model = with_lora(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(r=4))
     assert lora.trainable == sum(q.numel() for q in peft_model.parameters() if q.requires_grad) < p / 10

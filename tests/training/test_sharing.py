@@ -9,8 +9,9 @@ import torch
 
 from rlpipe.config import TrainConfig
 from rlpipe.storage.samples import Sample
-from rlpipe.training import trainer as trainer_mod
-from rlpipe.training.trainer import PolicyTrainer, _collate, _pack_shared, _units, check_packing
+from rlpipe.training import packing as packing_mod
+from rlpipe.training.packing import check_packing, collate, pack_shared, prompt_units
+from rlpipe.training.trainer import PolicyTrainer
 from tests.training.test_packing import Dropping, _trainer, same_update_as_padded
 
 
@@ -24,9 +25,9 @@ def test_layout_by_hand():
     positions continue the prompt's (2, not 4); each response sees its prompt and itself only; both first
     response tokens are predicted at the shared prompt's last position (flat index 1 of the row's C-1 = 7)."""
     samples = _three()
-    units = _units(samples)
+    units = prompt_units(samples)
     assert units == [([11, 12], [0, 2]), ([21], [1])]
-    p = _pack_shared(samples, units, width=4, pad_id=0)
+    p = pack_shared(samples, units, width=4, pad_id=0)
     assert p.input_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 23]]
     assert p.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2]]
     # padded (3 samples × L-1 = 3): sample 0's tokens at 1, 2; sample 1's at 3, 4; sample 2's at 7
@@ -47,11 +48,11 @@ def test_layout_by_hand():
 def test_a_full_unit_starts_another_copy_of_its_prompt(monkeypatch):
     """SHARE_UNIT 6: prompt (2) + 2 + 2 tokens fill a unit; the third response opens a second unit of the same
     prompt. Rows are SHARE_UNIT wide, a row's tail attends only to itself (no empty softmax row)."""
-    monkeypatch.setattr(trainer_mod, "SHARE_UNIT", 6)
+    monkeypatch.setattr(packing_mod, "SHARE_UNIT", 6)
     samples = [Sample([11, 12], [13 + k, 14 + k], [0.0] * 2, 0.0, 0) for k in range(3)]
-    units = _units(samples)
+    units = prompt_units(samples)
     assert units == [([11, 12], [0, 1]), ([11, 12], [2])]
-    p = _pack_shared(samples, units, width=4, pad_id=0)
+    p = pack_shared(samples, units, width=4, pad_id=0)
     assert p.input_ids.tolist() == [[11, 12, 13, 14, 14, 15], [11, 12, 15, 16, 0, 0]]
     mask = p.attention_mask[1, 0]
     assert mask[4].tolist() == [False, False, False, False, True, False]
@@ -62,12 +63,12 @@ def test_collate_shares_only_where_it_saves():
     """GRPO-like groups share (even where every sequence has the same length); all-distinct prompts fall back
     to plain packing (no mask); share=False never shares."""
     groups = [Sample([5 + k // 4, 6, 7, 8], [9 + k % 3], [0.0], 0.0, k // 4) for k in range(8)]
-    micro = _collate(groups, {}, 0, pack=True, share=True)
+    micro = collate(groups, {}, 0, pack=True, share=True)
     assert micro.packed.attention_mask is not None
     assert micro.packed.input_ids.ne(0).sum() == 2 * 4 + 8  # two prompts once each + 8 response tokens
     distinct = [Sample([5 + k, 6, 7], [9] * (1 + k % 4), [0.0] * (1 + k % 4), 0.0, k) for k in range(8)]
-    assert _collate(distinct, {}, 0, pack=True, share=True).packed.attention_mask is None
-    assert _collate(groups, {}, 0, pack=True, share=False).packed is None  # equal lengths: no padding to pack away
+    assert collate(distinct, {}, 0, pack=True, share=True).packed.attention_mask is None
+    assert collate(groups, {}, 0, pack=True, share=False).packed is None  # equal lengths: no padding to pack away
 
 
 def _groups() -> list[Sample]:
@@ -87,12 +88,12 @@ def test_shared_forward_equals_padded(tiny_checkpoint):
     model = t.engine.module.eval()
     samples = _groups()
     with torch.no_grad():
-        padded = _collate(samples, {}, t.tokenizer.pad_token_id)
-        shared = _collate(samples, {}, t.tokenizer.pad_token_id, pack=True, share=True)
+        padded = collate(samples, {}, t.tokenizer.pad_token_id)
+        shared = collate(samples, {}, t.tokenizer.pad_token_id, pack=True, share=True)
         lp_pad, logits_pad = t._forward(padded, model)
         lp_sh, logits_sh = t._forward(shared, model)
     assert shared.packed.attention_mask is not None
-    assert shared.packed.input_ids.numel() < _collate(samples, {}, 0, pack=True).packed.input_ids.numel()
+    assert shared.packed.input_ids.numel() < collate(samples, {}, 0, pack=True).packed.input_ids.numel()
     keep = padded.mask.bool()
     assert torch.allclose(lp_sh[keep], lp_pad[keep], atol=1e-5)
     assert not torch.equal(lp_sh[keep], torch.zeros_like(lp_sh[keep]))
@@ -108,10 +109,10 @@ def test_shared_forward_equals_padded(tiny_checkpoint):
 def test_an_update_shared_equals_padded(tiny_checkpoint, preset, monkeypatch):
     """One optimizer step over two micro-batches of mixed groups: the same losses, statistics (the reference's
     KL and the critic's pass before the step included) and weights as padded."""
-    monkeypatch.setattr(trainer_mod, "PACK_MIN_SAVING", 0.0)  # share wherever a prompt repeats
+    monkeypatch.setattr(packing_mod, "PACK_MIN_SAVING", 0.0)  # share wherever a prompt repeats
     shared = []
-    real = trainer_mod._pack_shared
-    monkeypatch.setattr(trainer_mod, "_pack_shared", lambda *a: shared.append(a[1]) or real(*a))
+    real = packing_mod.pack_shared
+    monkeypatch.setattr(packing_mod, "pack_shared", lambda *a: shared.append(a[1]) or real(*a))
     same_update_as_padded(tiny_checkpoint, _groups(), preset, pack_sequences=True, share_prompts=True)
     assert len(shared) >= 2 and all(any(len(members) > 1 for _, members in units) for units in shared)
 
@@ -133,7 +134,7 @@ def test_sharing_needs_packing():
 
 
 def test_the_mask_moves_with_the_micro_batch():
-    micro = _collate(_three(), {}, 0, pack=True, share=True)
+    micro = collate(_three(), {}, 0, pack=True, share=True)
     assert micro.packed.attention_mask is not None
     moved = micro.to(torch.device("meta"))
     assert moved.packed.attention_mask.device.type == "meta"
@@ -164,8 +165,8 @@ def test_shuffle_groups_deals_whole_groups():
 def test_an_update_by_groups_shares_each_prompt_once(tiny_checkpoint, monkeypatch):
     """With train.shuffle 'groups' the two micro-batches are the two groups: one unit of 4 responses each."""
     seen = []
-    real = trainer_mod._pack_shared
-    monkeypatch.setattr(trainer_mod, "_pack_shared", lambda *a: seen.append(a[1]) or real(*a))
+    real = packing_mod.pack_shared
+    monkeypatch.setattr(packing_mod, "pack_shared", lambda *a: seen.append(a[1]) or real(*a))
     t = _trainer(tiny_checkpoint, shuffle="groups")
     seen.clear()  # the start's check of the layout
     m = t.update(_groups(), 0)

@@ -88,7 +88,7 @@ def count_parameters_meta(folder: str | Path, lora: Any = None) -> tuple[int, in
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if lora is None:
         return total, total
-    from rlpipe.training.trainer import with_lora
+    from rlpipe.training.lora import with_lora
 
     peft_model = with_lora(model, lora)
     return total, sum(p.numel() for p in peft_model.parameters() if p.requires_grad)

@@ -104,7 +104,7 @@ def with_head_lora(model: Any, cfg: Any) -> Any:
     matches nothing is refused, as for the policy) and its new head trained in full (peft's modules_to_save)."""
     from peft import LoraConfig, get_peft_model
 
-    from rlpipe.training.trainer import lora_targets
+    from rlpipe.training.lora import lora_targets
 
     head = [n for n, m in model.named_children() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
     if len(head) != 1:
@@ -120,7 +120,7 @@ class RewardModelTrainer:
     def __init__(self, model_dir: str | Path, cfg: RewardModelConfig, seed: int = 0):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
-        from rlpipe.training.trainer import init_distributed
+        from rlpipe.training.engines import init_distributed
 
         self.cfg, self.seed = cfg, seed
         self.rank, self.world = init_distributed()

@@ -127,9 +127,9 @@ def _micro_loss(model: Any, micro: Sequence[tuple[list[int], list[int]]], pad_id
             loss, m = sft_loss(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
                                batch["labels"])
             return loss, m["tokens"]
-        from rlpipe.training.trainer import _pack
+        from rlpipe.training.packing import pack_rows
 
-        p = _pack([ids for ids, _ in micro], batch["input_ids"].shape[1], pad_id).to(device)
+        p = pack_rows([ids for ids, _ in micro], batch["input_ids"].shape[1], pad_id).to(device)
         logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
     targets = batch["labels"][:, 1:].reshape(-1)[p.dst]
     n = int((targets != IGNORE).sum())
@@ -224,7 +224,8 @@ def train_sft_examples(
     periodic validation checks via ``eval_fn``."""
     if not examples:
         raise ValueError("SFT needs at least one example")
-    from rlpipe.training.trainer import check_packing, init_distributed
+    from rlpipe.training.engines import init_distributed
+    from rlpipe.training.packing import check_packing
 
     rank, world = init_distributed()
     rng = random.Random(seed)
