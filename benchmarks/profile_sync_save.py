@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PARTS = {  # (file suffix, function) → label
     ("vllm_engine.py", "load_weights"): "sync: reload, re-pack, read-back, hash",
-    ("rl.py", "prove_sync"): "sync: probe (engine + trainer)",
+    ("probe.py", "prove"): "sync: probe (engine + trainer)",
     ("vllm_engine.py", "sequence_logprobs"): "sync: probe on the engine",
     ("trainer.py", "sequence_logprobs"): "sync: probe on the trainer",
     ("saving.py", "export_weights"): "save: HF weights, config, hash",
@@ -45,7 +45,9 @@ def main() -> None:
     from rlpipe.rollout.vllm_engine import VLLMEngine
     from rlpipe.runtime import RunServices, register_services
     from rlpipe.training.trainer import PolicyTrainer
-    from tasks.rl import start_probe, sync_weights
+    from rlpipe.runtime.assembly import start_probe
+    from rlpipe.stages import UpdateDone
+    from tasks.rl import sync_weights
 
     cfg = RunConfig()
     folder = untrained_policy(cfg)
@@ -64,7 +66,8 @@ def main() -> None:
         start = time.perf_counter()
         digest = trainer.save(work / f"s{k % 2}", extra_state={})
         saved = time.perf_counter() - start
-        sync_weights.fn(cfg, "bench-sync", k, {"state_dir": str(work / f"s{k % 2}"), "weights_sha256": digest})
+        sync_weights.fn(cfg, "bench-sync", k, UpdateDone(metrics={}, update_s=0.0, save_s=0.0, read_s=0.0,
+                                                          state_dir=str(work / f"s{k % 2}"), weights_sha256=digest))
         return saved, time.perf_counter() - start - saved
 
     one(0)  # warm-up

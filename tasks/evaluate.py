@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from rlpipe.config import RunConfig, settings
 from rlpipe.eval_suite import Benchmark
 from rlpipe.evaluation import greedy_eval
+from rlpipe.storage.store import open_store
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
 
@@ -70,18 +71,19 @@ def evaluate_models(config: RunConfig, dataset: dict[str, Any], split: str, mode
     ones an RL run logs for the same weights: :func:`rlpipe.evaluation.greedy_eval`)."""
     from rlpipe.rollout.engines import engine_options, new_engine
     from rlpipe.training.models import fetch_source
-    from tasks.rl import context_length, ground_truths, prompt_rows, reward_model_source, split_rows, verifier_pool
+    from rlpipe.runtime.assembly import context_length, ground_truths, prompt_rows, reward_model_source, split_rows, verifier_pool
     from rlpipe.tokens import load_tokenizer
 
-    rows = prompt_rows(config, dataset)
+    s = settings().for_run(config)
+    rows = prompt_rows(open_store(s.resolve_storage_uri(config), s), dataset)
     chosen = split_rows(config, rows, split)
     if not chosen:
         raise ValueError(f"the prompt set {dataset['uri']} has no {split!r} rows; set data.{split}_size or use another split")
     folders = [str(fetch_source(m.source, settings())) for m in models]
     engine = new_engine(config.rollout.engine, folders[0], max_model_len=context_length(config, rows, folders[0]),
                         seed=config.seed, **engine_options(config.rollout))
-    pool = verifier_pool(config)
-    rm = reward_model_source(config) if config.reward.type == "model" else None
+    pool = verifier_pool(config, s, run_logger())
+    rm = reward_model_source(config, s, run_logger()) if config.reward.type == "model" else None
     out = []
     try:
         for k, (m, folder) in enumerate(zip(models, folders)):
@@ -137,15 +139,16 @@ def run_suite(config: RunConfig, candidate: Candidate, benchmarks: list[Benchmar
     from rlpipe.rollout.engines import engine_options, new_engine
     from rlpipe.tokens import load_tokenizer
     from rlpipe.training.models import fetch_source, model_context
-    from tasks.rl import _check_sandbox_floor, verifier_pool
+    from rlpipe.runtime.assembly import check_sandbox, verifier_pool
 
     folder = str(fetch_source(candidate.source, settings()))
     tokenizer, options = load_tokenizer(folder), config.reward.verifier_options()
     prepared = [prepare_benchmark(b, tokenizer, options) for b in benchmarks]
-    _check_sandbox_floor(config, [r for p in prepared for r in p.rows])
+    s = settings().for_run(config)
+    check_sandbox(config, s, [r for p in prepared for r in p.rows], run_logger())
     context = config.rollout.max_model_len or suite_context(prepared, model_context(folder))
     engine = new_engine(config.rollout.engine, folder, max_model_len=context, seed=config.seed, **engine_options(config.rollout))
-    pool = verifier_pool(config)
+    pool = verifier_pool(config, s, run_logger())
     out: dict[str, Any] = {"weights_sha256": engine.weights_sha256(), "benchmarks": []}
     try:
         for k, p in enumerate(prepared):

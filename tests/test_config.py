@@ -297,6 +297,7 @@ def test_a_service_that_is_not_an_http_url_is_a_config_error(services):
 
 def test_a_run_recorded_before_a_key_existed_resumes_at_its_old_behaviour():
     from rlpipe.config import RunConfig
+    from rlpipe.progress import Progress
     from rlpipe.resume import ADDED_KEYS, ResumeRefused, check_resume, config_changes, resume_fingerprint
 
     now = RunConfig()
@@ -304,11 +305,11 @@ def test_a_run_recorded_before_a_key_existed_resumes_at_its_old_behaviour():
     assert set(ADDED_KEYS) <= set(now.flat())  # each one a real key, at its default …
     assert all(now.flat()[k] == v for k, v in ADDED_KEYS.items())  # … which is the old behaviour
     assert config_changes(before, now.flat()) == []
-    assert check_resume({"config": before, "dataset_version": "d"}, now, "d", allow_change=False) == []
+    assert check_resume(Progress(config=before, dataset_version="d"), now, "d", allow_change=False) == []
     bf16 = RunConfig.model_validate({"train": {"precision": "bf16"}})
     assert config_changes(before, bf16.flat()) == ["train.precision: 'fp32' → 'bf16'"]  # not the old behaviour
     with pytest.raises(ResumeRefused, match="train.precision"):
-        check_resume({"config": before, "dataset_version": "d"}, bf16, "d", allow_change=False)
+        check_resume(Progress(config=before, dataset_version="d"), bf16, "d", allow_change=False)
     assert resume_fingerprint(bf16) != resume_fingerprint(now)
     # A key dropped from the new config is still a change, whatever its value.
     assert config_changes(now.flat() | {"train.removed": 1}, now.flat()) == ["train.removed: 1 → '<absent>'"]

@@ -7,6 +7,7 @@ import json
 
 from rlpipe.history import RunHistory, read_history
 from rlpipe.resume import STATE_DONE, RunState
+from rlpipe.progress import Progress
 from rlpipe.storage import open_store
 
 
@@ -46,14 +47,14 @@ def test_tail_reads_only_the_end_and_equals_the_whole_files_end(tmp_path):
     assert h.tail(0) == [] and RunHistory(tmp_path / "none.jsonl").tail(5) == []
 
 
-def _save(state: RunState, progress: dict, k: int) -> dict:
+def _save(state: RunState, progress: Progress, k: int) -> Progress:
     state.store.put_json(f"{state.checkpoint_prefix(k)}/{STATE_DONE}", {"weights_sha256": f"w{k}"})
-    return state.save_point(progress | {"completed_iteration": k, "weights_sha256": f"w{k}"})
+    return state.save_point(progress.but(completed_iteration=k, weights_sha256=f"w{k}"))
 
 
 def test_save_points_carry_the_history_to_another_machine_and_progress_stays_small(tmp_path):
     store = open_store(str(tmp_path / "store"))
-    state, progress, sizes = RunState(store, tmp_path / "here", "r1"), {}, []
+    state, progress, sizes = RunState(store, tmp_path / "here", "r1"), Progress(), []
     for k in range(12):
         state.history.add(k, {"reward_mean": k / 12, "iteration_seconds": 1.5})
         if k % 3 == 2:  # save_interval 3
@@ -67,25 +68,25 @@ def test_save_points_carry_the_history_to_another_machine_and_progress_stays_sma
     assert "history" not in saved and saved["completed_iteration"] == 11
 
     there = RunState(store, tmp_path / "there", "r1")  # another machine: only the store
-    back = there.fetch_history(saved)
+    back = there.fetch_history(Progress.from_dict(saved))
     got = there.history.read()
-    assert [r["iteration"] for r in got] == list(range(12)) and back["history_bytes"] == there.history.size()
+    assert [r["iteration"] for r in got] == list(range(12)) and back.history_bytes == there.history.size()
     assert got[:11] == state.history.read()[:11]  # iteration 11's outer timing comes with the next save point
     # A resume at an earlier save point takes only the segments up to it.
     earlier = RunState(store, tmp_path / "earlier", "r1")
-    earlier.fetch_history(saved | {"completed_iteration": 5})
+    earlier.fetch_history(Progress.from_dict(saved).but(completed_iteration=5))
     assert [r["iteration"] for r in earlier.history.read()] == list(range(6))
-    json.dumps(back)  # the progress stays JSON
+    json.dumps(back.to_dict())  # the progress stays JSON
 
 
 def test_a_run_from_before_moves_its_history_out_of_progress_once(tmp_path):
     store = open_store(str(tmp_path / "store"))
     state = RunState(store, tmp_path / "here", "old")
     old = [{"iteration": k, "reward_mean": k / 4, "time/iteration_total_s": 1.0} for k in range(4)]
-    progress = state.history_out_of_progress({"completed_iteration": 3, "history": old, "weights_sha256": "ab"})
-    assert "history" not in progress and progress["history_bytes"] == 0  # the next save point uploads it all
+    progress = state.history_out_of_progress(Progress(completed_iteration=3, history=old, weights_sha256="ab"))
+    assert progress.history is None and progress.history_bytes == 0  # the next save point uploads it all
     assert state.history.read() == old
-    assert json.loads((tmp_path / "here" / "progress.json").read_text()) == progress
+    assert json.loads((tmp_path / "here" / "progress.json").read_text()) == progress.to_dict()
     state.history.add(4, {"reward_mean": 1.0})  # the run goes on appending
     assert [r["iteration"] for r in state.history.read()] == [0, 1, 2, 3, 4]
     assert state.history_out_of_progress(progress) is progress  # nothing left to move

@@ -15,9 +15,10 @@ the reward circuit breaker read a bounded :meth:`RunHistory.tail`, and only the 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from rlpipe.storage.atomic import write_atomic
 
 __all__ = ["RunHistory", "merge", "read_history"]
 
@@ -52,10 +53,7 @@ class RunHistory:
 
     def replace(self, data: bytes) -> None:
         """The whole file (a resume that fetched the history from the store)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, data, fsync=False)
 
     def _append(self, record: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpipe.config import RunConfig, canonical_json
 from rlpipe.history import RunHistory
+from rlpipe.progress import Progress
+
+if TYPE_CHECKING:
+    from rlpipe.runs import RunFolder
 
 __all__ = ["ADDED_KEYS", "EXTENDABLE_KEYS", "ResumeRefused", "RunState", "config_changes", "resume_fingerprint"]
 
@@ -70,15 +73,15 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: {old.get(k, '<absent>')!r} → {new.get(k, '<absent>')!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-def check_resume(progress: dict[str, Any], config: RunConfig, dataset_version: str, allow_change: bool) -> list[str]:
+def check_resume(progress: Progress, config: RunConfig, dataset_version: str, allow_change: bool) -> list[str]:
     """The changes this resume makes (empty: none). Raises :class:`ResumeRefused` unless allowed."""
     changes = []
-    if "config" in progress:
-        changes = config_changes(progress["config"], config.flat())
-    elif progress.get("resume_fingerprint", resume_fingerprint(config)) != resume_fingerprint(config):
+    if progress.config is not None:
+        changes = config_changes(progress.config, config.flat())
+    elif progress.resume_fingerprint not in (None, resume_fingerprint(config)):
         changes = ["config: fingerprint differs (the saved progress has no key list)"]
-    if progress.get("dataset_version", dataset_version) != dataset_version:
-        changes.append(f"dataset_version: {progress['dataset_version'][:16]} → {dataset_version[:16]}")
+    if progress.dataset_version not in (None, dataset_version):
+        changes.append(f"dataset_version: {progress.dataset_version[:16]} → {dataset_version[:16]}")
     if changes and not allow_change:
         shown = "\n  ".join(changes[:20]) + ("\n  …" if len(changes) > 20 else "")
         raise ResumeRefused(
@@ -91,32 +94,31 @@ def check_resume(progress: dict[str, Any], config: RunConfig, dataset_version: s
 class RunState:
     """A run's progress and resumable state, locally and in the object store."""
 
-    def __init__(self, store: Any, local_dir: Path, run_id: str):
+    def __init__(self, store: Any, folder: "RunFolder | Path", run_id: str):
+        from rlpipe.runs import RunFolder
         from rlpipe.storage.layout import checkpoint_prefix, run_prefix
 
-        self.store, self.local_dir, self.run_id = store, Path(local_dir), run_id
+        self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
+        self.store, self.local_dir, self.run_id = store, self.folder.path, run_id
         self.progress_key = f"{run_prefix(run_id)}/progress.json"
         self.history_prefix = f"{run_prefix(run_id)}/history"
         self._checkpoint = lambda k: checkpoint_prefix(run_id, f"iter={k}")
 
     @property
     def history(self) -> RunHistory:
-        return RunHistory(self.local_dir / "history.jsonl")
+        return self.folder.history
 
     # -- progress -----------------------------------------------------------------------------
-    def read_local(self) -> dict[str, Any] | None:
-        p = self.local_dir / "progress.json"
-        return json.loads(p.read_text()) if p.exists() else None
+    def read_local(self) -> Progress | None:
+        return self.folder.read_progress()
 
-    def write_local(self, progress: dict[str, Any]) -> None:
-        p = self.local_dir / "progress.json"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(progress, indent=2, sort_keys=True))
-        os.replace(tmp, p)
+    def write_local(self, progress: Progress) -> None:
+        self.folder.write_progress(progress)
 
-    def read_saved(self) -> dict[str, Any] | None:
-        return self.store.get_json(self.progress_key) if self.store.exists(self.progress_key) else None
+    def read_saved(self) -> Progress | None:
+        if not self.store.exists(self.progress_key):
+            return None
+        return Progress.from_dict(self.store.get_json(self.progress_key), self.store.url(self.progress_key))
 
     # -- the state of a save point --------------------------------------------------------------
     def checkpoint_prefix(self, iteration: int) -> str:
@@ -140,39 +142,39 @@ class RunState:
         """The marker that says the state of ``iteration`` is whole in the store: written after every file."""
         self.store.put_json(f"{self._checkpoint(iteration)}/{STATE_DONE}", {"weights_sha256": weights_sha256, "files": files})
 
-    def save_point(self, progress: dict[str, Any]) -> dict[str, Any]:
+    def save_point(self, progress: Progress) -> Progress:
         """Record in the store that the run can resume after ``progress['completed_iteration']``: first the
         history appended since the last save point (``history/iter=<k>.jsonl``), then the progress. Returns
         the progress with the history's uploaded length (``history_bytes``)."""
-        k = progress["completed_iteration"]
-        if not self.state_complete(k, progress["weights_sha256"]):
+        k = progress.completed_iteration
+        if not self.state_complete(k, progress.weights_sha256):
             raise RuntimeError(f"save point {k} of run {self.run_id}: its state is not complete in the store")
-        since = progress.get("history_bytes", 0)
+        since = progress.history_bytes
         appended = self.history.bytes_from(since)
         self.store.put_bytes(f"{self.history_prefix}/iter={k:08d}.jsonl", appended)
-        progress = progress | {"history_bytes": since + len(appended)}
-        self.store.put_json(self.progress_key, progress | {"resume_state": self._checkpoint(k)})
+        progress = progress.but(history_bytes=since + len(appended))
+        self.store.put_json(self.progress_key, progress.but(resume_state=self._checkpoint(k)).to_dict())
         return progress
 
-    def history_out_of_progress(self, progress: dict[str, Any]) -> dict[str, Any]:
+    def history_out_of_progress(self, progress: Progress) -> Progress:
         """A run started before ``history.jsonl`` kept its history inside ``progress.json``: move it out once
         (the next save point uploads all of it as one segment)."""
-        if "history" not in progress:
+        if progress.history is None:
             return progress
-        self.history.replace("".join(json.dumps(h, sort_keys=True) + "\n" for h in progress["history"]).encode())
-        progress = {k: v for k, v in progress.items() if k != "history"} | {"history_bytes": 0}
+        self.history.replace("".join(json.dumps(h, sort_keys=True) + "\n" for h in progress.history).encode())
+        progress = progress.but(history=None, history_bytes=0)
         self.write_local(progress)
         return progress
 
-    def fetch_history(self, progress: dict[str, Any]) -> dict[str, Any]:
+    def fetch_history(self, progress: Progress) -> Progress:
         """This machine's history from the store's segments up to the save point; the progress with its length."""
-        k = progress["completed_iteration"]
+        k = progress.completed_iteration
         keys = sorted(key for key in self.store.list(self.history_prefix)
                       if int(key.rsplit("iter=", 1)[1].split(".")[0]) <= k)
         self.history.replace(b"".join(self.store.get_bytes(key) for key in keys))
-        return progress | {"history_bytes": self.history.size()}
+        return progress.but(history_bytes=self.history.size())
 
-    def fetch_state(self, progress: dict[str, Any], dest: Path) -> Path:
+    def fetch_state(self, progress: Progress, dest: Path) -> Path:
         """Download the save point's state into ``dest`` (replaced) and check its weights."""
         import shutil
 
@@ -180,21 +182,21 @@ class RunState:
 
         if dest.exists():
             shutil.rmtree(dest)
-        self.store.download_dir(progress["resume_state"], dest)
+        self.store.download_dir(progress.resume_state, dest)
         (dest / STATE_DONE).unlink(missing_ok=True)
         got = file_weights_sha256(dest)
-        if got != progress["weights_sha256"]:
-            raise RuntimeError(f"{self.store.url(progress['resume_state'])} holds weights {got[:12]}, its progress "
-                               f"records {progress['weights_sha256'][:12]}")
+        if got != progress.weights_sha256:
+            raise RuntimeError(f"{self.store.url(progress.resume_state)} holds weights {got[:12]}, its progress "
+                               f"records {progress.weights_sha256[:12]}")
         return dest
 
-    def local_state_ok(self, progress: dict[str, Any]) -> bool:
+    def local_state_ok(self, progress: Progress) -> bool:
         from rlpipe.storage.weights import file_weights_sha256
 
-        folder = progress.get("resume_dir")
+        folder = progress.resume_dir
         if not folder or not Path(folder).is_dir():
             return False
         try:
-            return file_weights_sha256(folder) == progress.get("weights_sha256")
+            return file_weights_sha256(folder) == progress.weights_sha256
         except FileNotFoundError:
             return False

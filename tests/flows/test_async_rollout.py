@@ -6,7 +6,6 @@ weights of an uninterrupted run (the batch ahead belongs to the iteration that g
 
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +15,8 @@ from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
 from rlpipe.storage.weights import file_weights_sha256
-from tasks.rl import StaleBatchError, _rollout_expect, check_staleness
+from rlpipe.guards import StaleBatchError, check_staleness
+from rlpipe.rollout.batch import reuse_expectation
 from tests.flows.test_resume import _args
 from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F401 - fixture re-used
 
@@ -107,28 +107,22 @@ def test_a_kill_with_a_batch_in_flight_resumes_to_the_same_weights(api, uninterr
                [(r["policy_version"], r["staleness"], r["response_token_ids"]) for r in theirs]
 
 
-def _svc(sha):
-    return SimpleNamespace(engine=SimpleNamespace(weights_sha256=lambda: sha))
-
-
 def test_the_staleness_bound_redoes_or_refuses_a_staler_batch():
-    on = RunConfig.model_validate({"rollout": {"async_steps": 0}})
-    ahead = RunConfig.model_validate({"rollout": {"async_steps": 1}})
     # A batch generated ahead (after update 3, for iteration 5): reused only where one step is allowed.
     meta = {"policy_iteration": 3, "policy_version": "old"}
-    assert _rollout_expect(ahead, _svc("new"), meta, 5) == {"staleness": 1}
-    assert _rollout_expect(on, _svc("new"), meta, 5) == {"policy_version": "new"}  # ≠ "old": redone on-policy
+    assert reuse_expectation(1, "new", meta, 5) == {"staleness": 1}
+    assert reuse_expectation(0, "new", meta, 5) == {"policy_version": "new"}  # ≠ "old": redone on-policy
     # Two updates behind: beyond the bound, never matched, so redone.
-    assert _rollout_expect(ahead, _svc("new"), {"policy_iteration": 2}, 5) == {"staleness": "at most 1"}
+    assert reuse_expectation(1, "new", {"policy_iteration": 2}, 5) == {"staleness": "at most 1"}
     # An on-policy batch (staleness 0, or a table from before staleness was recorded) must match the engine.
-    assert _rollout_expect(ahead, _svc("new"), {"policy_iteration": 4}, 5) == {"policy_version": "new"}
-    assert _rollout_expect(ahead, _svc("new"), {}, 5) == {"policy_version": "new"}
-    check_staleness(ahead, 5, 1, "batch")
+    assert reuse_expectation(1, "new", {"policy_iteration": 4}, 5) == {"policy_version": "new"}
+    assert reuse_expectation(1, "new", {}, 5) == {"policy_version": "new"}
+    check_staleness(1, 5, 1, "batch")
     with pytest.raises(StaleBatchError, match="2 update\\(s\\) behind.*rollout.async_steps=1 allows at most 1"):
-        check_staleness(ahead, 5, 2, "batch")
+        check_staleness(1, 5, 2, "batch")
     with pytest.raises(StaleBatchError, match="async_steps=0"):
-        check_staleness(on, 5, 1, "batch")
+        check_staleness(0, 5, 1, "batch")
     with pytest.raises(StaleBatchError):  # an engine ahead of the iteration: never trained on
-        check_staleness(ahead, 5, -1, "batch")
+        check_staleness(1, 5, -1, "batch")
     with pytest.raises(ValueError, match="async_steps"):
         RunConfig.model_validate({"rollout": {"async_steps": 2}})

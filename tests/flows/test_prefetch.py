@@ -15,7 +15,7 @@ from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
 import tasks.rl
-from tasks.rl import _join_prefetch, prefetch_rollout
+from tasks.rl import prefetch_rollout
 from tests.flows.test_resume import _args
 from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F401 - fixture re-used
 
@@ -101,10 +101,10 @@ def test_a_failed_prefetch_is_the_rollout_tasks_error(monkeypatch):
 
     monkeypatch.setattr(tasks.rl, "generate_rollout", broken)
     prefetch_rollout(RunConfig(), "pf-fails", 4)
-    assert _join_prefetch(svc, 3, 0) is None and _join_prefetch(svc, 4, 1) is None  # not theirs
+    assert svc.join_ahead(3, 0) is None and svc.join_ahead(4, 1) is None  # not theirs
     with pytest.raises(RuntimeError, match="iteration 4: generating its batch ahead .* engine replica gone"):
-        _join_prefetch(svc, 4, 0)
-    assert svc.background is None and _join_prefetch(svc, 4, 0) is None  # the task's retry generates it itself
+        svc.join_ahead(4, 0)
+    assert svc.background is None and svc.join_ahead(4, 0) is None  # the task's retry generates it itself
     stop_services("pf-fails")
 
 

@@ -21,7 +21,7 @@ def test_opt_out_registers_nothing_and_lineage_names_run_and_config(prefect_harn
     assert summary["iterations_done"] == 1 and summary["registered_model"]["version"] is None
     assert tracker.client.search_model_versions(f"name='{name}'") == []
     saved = run_state(quiet, "rl-hygiene-quiet").read_saved()  # the checkpoint is saved all the same: it resumes
-    assert saved["completed_iteration"] == 0 and saved["resume_state"].endswith("iter=0")
+    assert saved.completed_iteration == 0 and saved.resume_state.endswith("iter=0")
 
     loud = quiet.model_copy(deep=True)
     loud.tracking.register_models = True

@@ -9,6 +9,7 @@ import pytest
 
 from rlpipe.config import load_config, settings
 from rlpipe.resume import ResumeRefused, check_resume, config_changes, resume_fingerprint
+from rlpipe.progress import Progress
 from rlpipe.storage import open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
@@ -92,7 +93,7 @@ def test_resume_rules_by_hand():
     assert config_changes(a.flat(), b.flat()) == ["train.lr: 0.0001 → 0.0002"]
     assert resume_fingerprint(a) != resume_fingerprint(b)
     assert resume_fingerprint(a) == resume_fingerprint(load_config(None, ["train.lr=1e-4", "train.total_iterations=3"]))
-    progress = {"config": a.flat(), "dataset_version": "d1"}
+    progress = Progress(config=a.flat(), dataset_version="d1")
     assert check_resume(progress, load_config(None, ["train.lr=1e-4", "train.total_iterations=7"]), "d1", False) == []
     with pytest.raises(ResumeRefused, match="dataset_version: d1 → d2"):
         check_resume(progress, a, "d2", False)
@@ -105,20 +106,21 @@ def test_progress_without_its_state_and_no_save_point_is_refused_not_restarted()
     """A run that finished iterations here, whose state folder was cleaned and which never reached a
     save point in the store, cannot continue: it is refused (exit 4), never silently begun again."""
     from flows.train import _resume_point
+    from rlpipe.runtime import RunContext
     from tasks.rl import run_state
 
     config = load_config(None, ["train.save_interval=100"])
     state = run_state(config, "rl-gone")
     assert state.read_saved() is None
-    state.write_local({"completed_iteration": 1, "config": config.flat(), "dataset_version": "d1",
-                       "resume_dir": str(settings().run_dir("rl-gone") / "state" / "iter=1"), "policy_version": "ab" * 32})
+    state.write_local(Progress(completed_iteration=1, config=config.flat(), dataset_version="d1",
+                               resume_dir=str(settings().run_dir("rl-gone") / "state" / "iter=1"), weights_sha256="ab" * 32))
     with pytest.raises(ResumeRefused, match="completed iteration 1, but its state is gone .* start a new --run-id"):
-        _resume_point(config, "rl-gone", "d1", allow_change=True)
-    assert state.read_local()["completed_iteration"] == 1  # nothing lost: the record stays for a person to read
+        _resume_point(RunContext.resolve(config, "rl-gone"), "d1", allow_change=True)
+    assert state.read_local().completed_iteration == 1  # nothing lost: the record stays for a person to read
 
     fresh = run_state(config, "rl-new")  # a run that never finished an iteration starts at 0, as asked
-    fresh.write_local({"completed_iteration": -1, "config": config.flat(), "dataset_version": "d1"})
-    assert _resume_point(config, "rl-new", "d1", allow_change=False)[0]["completed_iteration"] == -1
+    fresh.write_local(Progress(completed_iteration=-1, config=config.flat(), dataset_version="d1"))
+    assert _resume_point(RunContext.resolve(config, "rl-new"), "d1", allow_change=False)[0].completed_iteration == -1
 
 
 def test_a_run_with_models_uri_reference_and_critic_resumes(api, reference):

@@ -8,7 +8,14 @@ from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.engines import get_engine
 from rlpipe.runtime import RunServices, register_services, stop_services
 from rlpipe.storage.weights import file_weights_sha256
-from tasks.rl import start_probe, sync_weights
+from rlpipe.runtime.assembly import start_probe
+from rlpipe.stages import UpdateDone
+from tasks.rl import sync_weights
+
+
+def _ref(folder, digest):
+    """What the update stage hands the sync: the new state's folder and the weights' hash."""
+    return UpdateDone(metrics={}, update_s=0.0, save_s=0.0, read_s=0.0, state_dir=str(folder), weights_sha256=digest)
 
 
 def perturbed(src, dst, scale=1.01):
@@ -66,8 +73,8 @@ def test_each_sync_is_proven_on_the_engine(kind, tiny_checkpoint, trainer, tmp_p
     _services(f"probe-{kind}", engine, trainer)
     try:
         digest = trainer.export_weights(tmp_path / "export")
-        out = sync_weights.fn(None, f"probe-{kind}", 0, {"state_dir": str(tmp_path / "export"), "weights_sha256": digest})
-        assert out["probe_max_abs_diff"] <= 1e-4 and out["readback_tensors"] >= 1 and out["probe_tokens"] >= 8
+        out = sync_weights.fn(None, f"probe-{kind}", 0, _ref(tmp_path / "export", digest))
+        assert out.probe_max_abs_diff <= 1e-4 and out.readback_tensors >= 1 and out.probe_tokens >= 8
     finally:
         stop_services(f"probe-{kind}")
 
@@ -84,12 +91,12 @@ def test_the_probe_catches_a_weight_the_read_back_cannot_see(tiny_checkpoint, tr
         w = load_file(tmp_path / "wrong" / "model.safetensors")
         w["model.layers.0.mlp.down_proj.weight"] = w["model.layers.0.mlp.down_proj.weight"] * 1.2
         save_file(w, tmp_path / "wrong" / "model.safetensors", metadata={"format": "pt"})
-        ref = {"state_dir": str(tmp_path / "wrong"), "weights_sha256": file_weights_sha256(tmp_path / "wrong")}
+        ref = _ref(tmp_path / "wrong", file_weights_sha256(tmp_path / "wrong"))
         with pytest.raises(WeightSyncError, match="probe batch|different values") as e:
             sync_weights.fn(None, "probe-repacked", 0, ref)
         if not torch.cuda.is_available():
             assert "probe batch" in str(e.value)  # what the hash and the read-back let through
-        assert engine.weights_sha256() == ref["weights_sha256"] and "probe_last" in svc.info
+        assert engine.weights_sha256() == ref.weights_sha256 and svc.proof.last is not None
         engine.load_weights(tmp_path / "export")
     finally:
         stop_services("probe-repacked")
@@ -106,17 +113,16 @@ def test_sync_task_fails_on_a_hash_mismatch(tiny_checkpoint, trainer, tmp_path):
     engine = get_engine("hf", tiny_checkpoint, max_model_len=64)
     _services("sync-test", engine, trainer)
     try:
-        ok = sync_weights.fn(None, "sync-test", 0, {"state_dir": str(tiny_checkpoint),
-                                                    "weights_sha256": file_weights_sha256(tiny_checkpoint)})
-        assert ok["policy_version"] == file_weights_sha256(tiny_checkpoint)
+        ok = sync_weights.fn(None, "sync-test", 0, _ref(tiny_checkpoint, file_weights_sha256(tiny_checkpoint)))
+        assert ok.policy_version == file_weights_sha256(tiny_checkpoint)
         # The trainer said it exported A, but the folder holds B (a stale or partial copy): never ignored.
         stale = perturbed(tiny_checkpoint, tmp_path / "stale")
         with pytest.raises(WeightSyncError, match="holds"):
-            sync_weights.fn(None, "sync-test", 0, {"state_dir": str(stale), "weights_sha256": file_weights_sha256(tiny_checkpoint)})
+            sync_weights.fn(None, "sync-test", 0, _ref(stale, file_weights_sha256(tiny_checkpoint)))
         broken = tmp_path / "empty"
         broken.mkdir()
         with pytest.raises(WeightSyncError, match="no \\*.safetensors"):
-            sync_weights.fn(None, "sync-test", 0, {"state_dir": str(broken), "weights_sha256": "x"})
+            sync_weights.fn(None, "sync-test", 0, _ref(broken, "x"))
     finally:
         stop_services("sync-test")
 

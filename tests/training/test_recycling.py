@@ -90,27 +90,23 @@ def test_the_trainer_writes_its_optimizer_over_the_spare_and_resumes_the_same(ti
 
 
 def test_the_prune_keeps_the_save_point_and_one_spare(tmp_path, monkeypatch):
-    from flows import iteration as fi
-    from tasks import rl
+    from rlpipe.runs import RunFolder
 
-    monkeypatch.setattr(rl, "run_dir", lambda run_id: tmp_path / run_id)
     root = tmp_path / "r" / "state"
     for k in (3, 9, 10, 11):
         (root / f"iter={k}").mkdir(parents=True)
         (root / f"iter={k}" / "f").write_text(str(k))
     (root / "spare").mkdir()
-    fi._prune_states("r", keep=str(root / "iter=11"))
+    RunFolder(tmp_path / "r").prune_states(keep=str(root / "iter=11"))
     assert sorted(p.name for p in root.iterdir()) == ["iter=11", "spare"]
     assert (root / "spare" / "f").read_text() == "10"  # the newest save point that is no longer needed
-    fi._prune_states("r", keep=str(root / "iter=11"))  # nothing else left: the spare stays
+    RunFolder(tmp_path / "r").prune_states(keep=str(root / "iter=11"))  # nothing else left: the spare stays
     assert (root / "spare" / "f").read_text() == "10"
 
 
 def test_a_prune_that_cannot_make_a_spare_still_deletes_the_old_points(tmp_path, monkeypatch):
-    from flows import iteration as fi
-    from tasks import rl
+    from rlpipe.runs import RunFolder
 
-    monkeypatch.setattr(rl, "run_dir", lambda run_id: tmp_path / run_id)
     root = tmp_path / "r" / "state"
     for k in (1, 2):
         (root / f"iter={k}").mkdir(parents=True)
@@ -119,7 +115,7 @@ def test_a_prune_that_cannot_make_a_spare_still_deletes_the_old_points(tmp_path,
         raise OSError("the spare is in the way")
 
     monkeypatch.setattr(os, "replace", refuse)
-    fi._prune_states("r", keep=str(root / "iter=2"))
+    RunFolder(tmp_path / "r").prune_states(keep=str(root / "iter=2"))
     assert sorted(p.name for p in root.iterdir()) == ["iter=2"]
 
 

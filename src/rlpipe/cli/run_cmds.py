@@ -50,7 +50,7 @@ def run_cmd(
     from rlpipe.doctor import PreflightError
     from rlpipe.resume import ResumeRefused
     from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
-    from tasks.rl import NonFiniteUpdate
+    from rlpipe.guards import NonFiniteUpdate
 
     cfg = load(config, set_)
     try:

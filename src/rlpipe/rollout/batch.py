@@ -18,8 +18,8 @@ from rlpipe.tokens import encode_prompt
 from rlpipe.storage.samples import Sample, step_reward_tokens
 
 __all__ = [
-    "apply_overlong_penalty", "apply_verdicts", "batch_metrics", "filter_groups", "generate_table", "group_signal", "score_table",
-    "select_prompts", "table_to_samples",
+    "apply_overlong_penalty", "apply_verdicts", "batch_metrics", "draw_sampling", "filter_groups", "generate_table", "group_signal",
+    "prompt_slot", "reuse_expectation", "score_table", "select_prompts", "table_to_samples", "with_column",
 ]
 
 
@@ -214,3 +214,36 @@ def batch_metrics(table: pa.Table, flat_batch_alert: bool = True) -> tuple[dict[
     if rows and len(ok) < 0.5 * len(rows):
         alerts.append(f"only {len(ok)}/{len(rows)} samples could be scored (see status_* metrics)")
     return metrics, alerts
+
+
+# -- which prompts a draw takes, and when a stored batch may be reused -----------------------------
+def prompt_slot(rollout: Any, iteration: int, draw: int) -> int:
+    """Which slice of the data order a draw takes (``rollout``: the run's rollout section). With dynamic
+    sampling every iteration reserves 1 + max_extra_draws slices, so a resumed run draws exactly what the
+    uninterrupted one would."""
+    if not rollout.dynamic_sampling:
+        return iteration
+    return iteration * (1 + rollout.max_extra_draws) + draw
+
+
+def draw_sampling(rollout: Any, seed: int, iteration: int, draw: int) -> SamplingConfig:
+    """The sampling of one draw: the rollout section's settings, with a seed of its own per (iteration, draw)."""
+    return SamplingConfig(n=rollout.samples_per_prompt, temperature=rollout.temperature, top_p=rollout.top_p,
+                          max_new_tokens=rollout.max_new_tokens, seed=seed * 1_000_003 + iteration * 10_007 + draw * 101)
+
+
+def reuse_expectation(async_steps: int, engine_sha256: str, meta: dict[str, Any], iteration: int) -> dict[str, Any]:
+    """What a stored batch must match to be reused. An on-policy batch: the policy the engine holds now
+    (``engine_sha256``). A batch generated ahead (rollout.async_steps) by an earlier policy: its staleness
+    within the bound."""
+    staleness = iteration - 1 - meta.get("policy_iteration", iteration - 1)
+    if staleness == 0 or async_steps == 0:
+        return {"policy_version": engine_sha256}
+    return {"staleness": staleness if staleness <= async_steps else f"at most {async_steps}"}
+
+
+def with_column(table: pa.Table, name: str, value: int) -> pa.Table:
+    """``table`` with an int32 column ``name`` set to ``value`` on every row (replaced if it exists)."""
+    column = pa.array([value] * table.num_rows, pa.int32())
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, column) if i >= 0 else table.append_column(name, column)

@@ -18,9 +18,12 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ProbeBatch", "build_probe", "default_tolerance", "max_gap"]
+from rlpipe.rollout.base import WeightSyncError
+
+__all__ = ["ProbeBatch", "SyncProof", "build_probe", "default_tolerance", "load_policy", "max_gap"]
 
 FLOAT32_TOLERANCE = 1e-3
 HALF_TOLERANCE = 5e-2
@@ -66,3 +69,58 @@ def max_gap(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> float
     if not gaps or not all(math.isfinite(g) for g in gaps):
         return math.inf
     return max(gaps)
+
+
+@dataclass
+class SyncProof:
+    """A run's probe batch, its tolerance, and the engine's log-probs at the last proof (to show how far the
+    policy moved between two syncs: what a sync that loaded nothing would show)."""
+
+    probe: ProbeBatch
+    tolerance: float
+    last: list[list[float]] | None = None
+
+    def prove(self, engine: Any, trainer: Any, when: str) -> dict[str, float]:
+        """max |Δ log-prob| between engine and trainer on the probe batch; a WeightSyncError above tolerance.
+        Every replica of a replicated engine is proven, not only the one that answers first."""
+        probe = self.probe
+        each = (engine.probe_each(probe.prompts, probe.continuations) if hasattr(engine, "probe_each")
+                else {engine.name: engine.sequence_logprobs(probe.prompts, probe.continuations)})
+        trainer_lp = trainer.sequence_logprobs(probe.prompts, probe.continuations)
+        gaps = {name: max_gap(lp, trainer_lp) for name, lp in each.items()}
+        worst = max(gaps, key=lambda k: gaps[k])
+        gap, engine_lp = gaps[worst], next(iter(each.values()))
+        change = max_gap(engine_lp, self.last) if self.last is not None else 0.0
+        if not gap <= self.tolerance:
+            raise WeightSyncError(
+                f"{when}: engine {worst} and trainer disagree on the probe batch ({probe.tokens} tokens): "
+                f"max |Δ log-prob| {gap:.3g} > tolerance {self.tolerance:g}. The engine does not run the trainer's "
+                "policy (a stale, partial or wrongly repacked reload); set rollout.sync_tolerance only if the engine's "
+                "dtype explains the gap")
+        self.last = engine_lp
+        return {"probe_max_abs_diff": gap, "probe_policy_change": change, "probe_tokens": float(probe.tokens)}
+
+
+def load_policy(engine: Any, state_dir: str | Path, weights_sha256: str, iteration: int, *,
+                adapter_sha256: str | None = None, state_uri: str | None = None) -> str:
+    """Put the trainer's new policy on the engine and check the hash it reports; returns the engine's hash.
+
+    ``adapter_sha256`` (an engine started for adapter syncs): only ``state_dir/adapter`` moves, and the
+    adapter the engine read must be the trainer's. ``state_uri``: replicas read the trainer's own upload.
+    Else the engine reloads the weights of ``state_dir`` in place."""
+    if adapter_sha256 is not None:
+        from rlpipe.training.checkpoint import ADAPTER
+
+        got = engine.load_adapter(Path(state_dir) / ADAPTER, weights_sha256)
+        if got != adapter_sha256:
+            raise WeightSyncError(f"iteration {iteration}: engine {engine.name} read adapter {got[:12]}, the "
+                                  f"trainer saved {adapter_sha256[:12]}")
+        held = engine.weights_sha256()
+    elif state_uri and hasattr(engine, "load_uri"):
+        held = engine.load_uri(state_uri, weights_sha256)
+    else:
+        held = engine.load_weights(state_dir)
+    if held != weights_sha256:
+        raise WeightSyncError(f"iteration {iteration}: engine {engine.name} holds {held[:12]} after reload, trainer "
+                              f"exported {weights_sha256[:12]}")
+    return held

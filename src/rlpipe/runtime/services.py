@@ -7,6 +7,10 @@ passes between tasks stays small (URIs and summaries); the services hold the hea
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +28,45 @@ class RunServices:
     test_rows: list[dict[str, Any]]
     ground_truth: dict[str, str | None]
     validation_rows: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)  # the weight-sync probe and its last result
+    ctx: Any = None  # the run's RunContext (rlpipe.runtime.context)
+    proof: Any = None  # the weight-sync proof: probe batch, tolerance, last result (rlpipe.rollout.probe.SyncProof)
+    policy_iteration: int = -1  # the last update the engine's policy holds (-1: the run's start policy)
     reward_model: Any = None  # RLHF: a RewardModelSource (in-process or the service)
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)  # prompt id → prompt row
     # Work started ahead on the engine (rollout.prefetch): (iteration, concurrent.futures.Future), or None.
     background: tuple[int, Any] | None = None
+
+
+    def generate_ahead(self, iteration: int, work: Callable[[], Any]) -> None:
+        """Run ``work`` (iteration ``iteration``'s first batch) on a thread now; the rollout of that iteration
+        joins it (:meth:`join_ahead`). One batch ahead at a time."""
+        if self.background is not None:
+            raise RuntimeError(f"iteration {self.background[0]}'s batch is still being generated ahead; join it first")
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(work())
+            except BaseException as e:  # noqa: BLE001 - handed to the rollout that joins it
+                future.set_exception(e)
+
+        self.background = (iteration, future)
+        threading.Thread(target=run, name=f"rlpipe-prefetch-{iteration}", daemon=True).start()
+
+    def join_ahead(self, iteration: int, draw: int) -> float | None:
+        """Wait for the batch generated ahead for this rollout (seconds waited), None when there is none. Its
+        error is the rollout's (a retry generates the batch itself)."""
+        if self.background is None or (self.background[0], draw) != (iteration, 0):
+            return None
+        _, future = self.background
+        start = time.perf_counter()
+        try:
+            future.result()
+        except Exception as e:
+            raise RuntimeError(f"iteration {iteration}: generating its batch ahead (rollout.prefetch) failed: {e}") from e
+        finally:
+            self.background = None
+        return time.perf_counter() - start
 
 
 _SERVICES: dict[str, RunServices] = {}
@@ -49,6 +87,9 @@ def services(run_id: str) -> RunServices:
 
 
 def stop_services(run_id: str) -> None:
+    from rlpipe.runtime.context import forget_context
+
+    forget_context(run_id)
     s = _SERVICES.pop(run_id, None)
     if s is None:
         return
