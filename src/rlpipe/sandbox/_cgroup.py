@@ -21,7 +21,8 @@ removes a group:
   no longer alive is emptied and removed. An owner rlpipe cannot see (another pid namespace sharing
   the same cgroup base) looks dead: do not share a base across pid namespaces.
 
-Nothing here runs at import time.
+Nothing here runs at import time. The module is over 400 lines because it is one idea (the run's
+cgroups: where they live, their limits, who removes them) told twice, for cgroup v1 and for v2.
 """
 
 from __future__ import annotations

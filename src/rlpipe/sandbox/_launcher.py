@@ -19,6 +19,9 @@ neither signal nor ptrace it. It
 Kept to the standard library, to syntax old system Pythons accept, and to cheap imports (it
 starts once per run): the spec and the status travel as ``marshal`` (format 2: plain dicts, lists,
 strings, numbers), ``_signal`` avoids ``signal``'s enum machinery.
+
+It is one file of over 400 lines because it runs as a script under ``-I``: no module beside it
+can be imported, so everything it needs lives here.
 """
 
 import _signal as signal
@@ -319,52 +322,59 @@ def _child(spec, libc, bpf, status_fd, errpipe_w, launcher_pid):
             os._exit(127)
 
 
-def main():
-    t_start = time.monotonic()
-    spec = marshal.loads(bytes.fromhex(sys.argv[1]))
-    status_fd = spec["status_fd"]
-    os.set_inheritable(status_fd, False)
-    result = {"status": None, "t_launcher": t_start}
+class _Launch:
+    """One run as the launcher sees it: rlpipe's spec, the sandbox process, the status record."""
 
-    def finish(extra):
+    def __init__(self, spec, t_start, libc):
+        self.spec = spec
+        self.status_fd = spec["status_fd"]
+        self.kill_uid = spec.get("kill_uid")
+        self.result = {"status": None, "t_launcher": t_start}
+        self.libc = libc
+        self.main_pid = None
+
+    def finish(self, extra):
+        """Write the status record and exit; never returns."""
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        result.update(extra)
-        if os.getppid() != spec["parent_pid"]:
+        self.result.update(extra)
+        if os.getppid() != self.spec["parent_pid"]:
             # rlpipe is gone and cannot clean up; we outlive it, so the run's groups go with us.
-            _remove_groups([os.path.dirname(p) for p in spec.get("cgroup_procs", [])])
+            _remove_groups([os.path.dirname(p) for p in self.spec.get("cgroup_procs", [])])
         ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-        result["cpu_s"] = ru.ru_utime + ru.ru_stime
-        result["maxrss_kb"] = ru.ru_maxrss
+        self.result["cpu_s"] = ru.ru_utime + ru.ru_stime
+        self.result["maxrss_kb"] = ru.ru_maxrss
         try:
-            os.write(status_fd, marshal.dumps(result, 2))
+            os.write(self.status_fd, marshal.dumps(self.result, 2))
         finally:
             os._exit(0)
 
-    signal.signal(signal.SIGTERM, _on_term)
-    libc = _libc()
-    kill_uid = spec.get("kill_uid")
-    main_pid = None
-    try:
-        _prctl(libc, PR_SET_CHILD_SUBREAPER, 1)
-        _prctl(libc, PR_SET_PDEATHSIG, signal.SIGTERM)
+    def settle(self):
+        """Step 1 and the start of step 2: become the subreaper, tied to rlpipe; wait for "go"."""
+        spec = self.spec
+        _prctl(self.libc, PR_SET_CHILD_SUBREAPER, 1)
+        _prctl(self.libc, PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != spec["parent_pid"]:  # rlpipe died before the line above
-            finish({"setup_error": "parent exited"})
-        if spec.get("go_fd") is not None:
-            # rlpipe moves us into the run's cgroups while we start up (a cgroup migration can
-            # take ~10 ms; this hides it), then says go. Everything we fork is born inside.
-            if os.getuid() == 0:
-                try:
-                    with open("/proc/self/oom_score_adj", "w") as fh:
-                        fh.write("-1000")
-                except OSError:
-                    pass
-            go = os.read(spec["go_fd"], 1)
-            os.close(spec["go_fd"])
-            if go != b"1":
-                finish({"setup_error": "rlpipe did not start the run"})
-        bpf = None
-        if spec.get("seccomp_fd") is not None:
-            bpf = _read_all(spec["seccomp_fd"])
+            self.finish({"setup_error": "parent exited"})
+        if spec.get("go_fd") is None:
+            return
+        # rlpipe moves us into the run's cgroups while we start up (a cgroup migration takes a
+        # while; this hides it), then says go. Everything we fork is born inside.
+        if os.getuid() == 0:
+            try:
+                with open("/proc/self/oom_score_adj", "w") as fh:
+                    fh.write("-1000")
+            except OSError:
+                pass
+        go = os.read(spec["go_fd"], 1)
+        os.close(spec["go_fd"])
+        if go != b"1":
+            self.finish({"setup_error": "rlpipe did not start the run"})
+
+    def start_sandbox(self):
+        """Step 2: fork the sandbox process and wait until it has exec'd (a setup error ends the
+        run). Returns the read end of bubblewrap's JSON status pipe, or None."""
+        spec = self.spec
+        bpf = _read_all(spec["seccomp_fd"]) if spec.get("seccomp_fd") is not None else None
         js_r = js_w = None
         if spec.get("bwrap_json_status"):
             # bubblewrap reports {"child-pid": N} once the sandbox is up: proof that a failure
@@ -373,59 +383,80 @@ def main():
             os.set_inheritable(js_r, False)
             os.set_inheritable(js_w, True)
             spec["argv"] = [spec["argv"][0], "--json-status-fd", str(js_w)] + spec["argv"][1:]
-        r, w = os.pipe()
+        r, w = os.pipe()  # the child's setup error, if any; closed on exec
         os.set_inheritable(r, False)
         os.set_inheritable(w, False)
         launcher_pid = os.getpid()
-        result["t_fork"] = time.monotonic()
-        main_pid = os.fork()
-        if main_pid == 0:
+        self.result["t_fork"] = time.monotonic()
+        self.main_pid = os.fork()
+        if self.main_pid == 0:
             os.close(r)
-            _child(spec, libc, bpf, status_fd, w, launcher_pid)
+            _child(spec, self.libc, bpf, self.status_fd, w, launcher_pid)
         os.close(w)
         if js_w is not None:
             os.close(js_w)
-        for key in ("seccomp_fd",):
-            if spec.get(key) is not None:
-                try:
-                    os.close(spec[key])
-                except OSError:
-                    pass
-        err = b""
-        while True:
-            chunk = os.read(r, 4096)
-            if not chunk:
-                break
-            err += chunk
-        os.close(r)
-        result["started"] = time.monotonic()
+        if spec.get("seccomp_fd") is not None:
+            try:
+                os.close(spec["seccomp_fd"])
+            except OSError:
+                pass
+        err = _read_to_end(r)
+        self.result["started"] = time.monotonic()
         if err:
-            _reap_all(kill_uid, main_pid, result, grace=0.0)
-            finish({"setup_error": err.decode("utf-8", "replace")})
-        # Wait for the sandbox process, reaping orphans re-parented to us as they come.
+            _reap_all(self.kill_uid, self.main_pid, self.result, grace=0.0)
+            self.finish({"setup_error": err.decode("utf-8", "replace")})
+        return js_r
+
+    def wait_sandbox(self, js_r):
+        """Steps 3 and 4: wait for the sandbox process, reaping orphans re-parented to us as they
+        come; then kill and reap what is left and report."""
+        result = self.result
         while result.get("status") is None:
             try:
                 pid, status = os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-            if pid == main_pid:
+            if pid == self.main_pid:
                 result["status"] = status
         result["ended"] = time.monotonic()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _reap_all(kill_uid, main_pid, result)
+        _reap_all(self.kill_uid, self.main_pid, result)
         if js_r is not None:
             result["bwrap_status"] = _parse_bwrap_status(js_r)
-        finish({})
+        self.finish({})
+
+
+def _read_to_end(fd):
+    """Everything a pipe delivers until EOF; closes it."""
+    data = b""
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data
+
+
+def main():
+    t_start = time.monotonic()
+    spec = marshal.loads(bytes.fromhex(sys.argv[1]))
+    os.set_inheritable(spec["status_fd"], False)
+    signal.signal(signal.SIGTERM, _on_term)
+    run = _Launch(spec, t_start, _libc())
+    try:
+        run.settle()
+        run.wait_sandbox(run.start_sandbox())
     except _Terminate:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        result["terminated"] = True
-        result["ended"] = time.monotonic()
-        _reap_all(kill_uid, main_pid, result, grace=0.0)
-        finish({})
+        run.result["terminated"] = True
+        run.result["ended"] = time.monotonic()
+        _reap_all(run.kill_uid, run.main_pid, run.result, grace=0.0)
+        run.finish({})
     except BaseException as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _reap_all(kill_uid, main_pid, result, grace=0.0)
-        finish({"setup_error": "launcher: %s: %s" % (type(exc).__name__, exc)})
+        _reap_all(run.kill_uid, run.main_pid, run.result, grace=0.0)
+        run.finish({"setup_error": "launcher: %s: %s" % (type(exc).__name__, exc)})
 
 
 if __name__ == "__main__":
