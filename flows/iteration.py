@@ -11,7 +11,6 @@ from prefect import flow
 from rlpipe import http_client
 from rlpipe.config import RunConfig
 from rlpipe.progress import Progress
-from rlpipe.resume import RunState
 from rlpipe.runtime import RunContext, run_context, services
 from rlpipe.stages import RolloutDone, UpdateDone, VerifyDone, iteration_metrics
 from rlpipe.tracking.resources import monitor
@@ -155,6 +154,6 @@ def _record(ctx: RunContext, iteration: int, draws: list[tuple[RolloutDone, Veri
     if val:
         progress = progress.but(final_validation_accuracy=val["accuracy"])
     if save_point:
-        progress = RunState(ctx.store, ctx.folder, ctx.run_id).save_point(progress)
+        progress = ctx.state.save_point(progress)
     ctx.folder.write_progress(progress)
     ctx.folder.prune_states(keep=u.state_dir)

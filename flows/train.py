@@ -19,7 +19,6 @@ from rlpipe.config import RunConfig
 from rlpipe.eta import Eta
 from rlpipe.guards import NonFiniteUpdate, RewardCircuitOpen
 from rlpipe.progress import Progress
-from rlpipe.resume import RunState
 from rlpipe.runs import new_run_id
 from rlpipe.runtime import RunContext, register_context, stop_services
 from rlpipe.runtime.assembly import ServicesStarted
@@ -37,7 +36,7 @@ def _resume_point(ctx: RunContext, dataset_version: str, allow_change: bool) -> 
     last save point (its state downloaded), whichever is further along; an empty one for a new run."""
     from rlpipe.resume import ResumeRefused, check_resume
 
-    state, log, run_id = RunState(ctx.store, ctx.folder, ctx.run_id), run_logger(), ctx.run_id
+    state, log, run_id = ctx.state, run_logger(), ctx.run_id
     local, saved = state.read_local(), state.read_saved()
     options = []
     if local and local.completed_iteration >= 0 and state.local_state_ok(local):

@@ -24,10 +24,9 @@ from prefect.cache_policies import NO_CACHE
 
 from rlpipe.config import RunConfig
 from rlpipe.guards import RewardCircuitOpen, SandboxFloorError, check_dynamic, check_nonfinite, check_staleness
-from rlpipe.resume import RunState
 from rlpipe.rollout.batch import (
-    apply_overlong_penalty, batch_metrics, draw_sampling, filter_groups, generate_table, prompt_slot, reuse_expectation,
-    select_prompts, table_to_samples, with_column,
+    draw_sampling, filter_groups, generate_table, prompt_slot, reuse_expectation, select_prompts, table_to_samples,
+    with_column,
 )
 from rlpipe.rollout.probe import load_policy
 from rlpipe.rollout.scoring import score_batch
@@ -44,12 +43,6 @@ def fault_point(iteration: int, stage: str) -> None:
     """Test hook: ``RLPIPE_FAULT=<iteration>:<stage>`` SIGKILLs this process right after that stage."""
     if os.environ.get("RLPIPE_FAULT") == f"{iteration}:{stage}":
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def run_state(config: RunConfig, run_id: str) -> RunState:
-    """The run's progress and resumable state, here and in the store."""
-    ctx = run_context(run_id, config)
-    return RunState(ctx.store, ctx.folder, run_id)
 
 
 def _reusable(ctx: RunContext, meta: dict[str, Any], expect: dict[str, Any], what: str) -> bool:
@@ -88,7 +81,7 @@ def rollout(config: RunConfig, run_id: str, iteration: int, draw: int = 0) -> Ro
 
 def generate_rollout(config: RunConfig, run_id: str, iteration: int, draw: int) -> RolloutDone:
     ctx, svc = run_context(run_id, config), services(run_id)
-    prefix = stage_prefix(run_id, iteration, _stage("rollout", draw))
+    prefix = stage_prefix(run_id, iteration, "rollout", draw)
     if ctx.store.stage_done(prefix):
         manifest = ctx.store.read_manifest(prefix)
         meta = manifest["meta"]
@@ -119,10 +112,6 @@ def generate_rollout(config: RunConfig, run_id: str, iteration: int, draw: int) 
     return RolloutDone.from_meta(meta | {"write_s": time.perf_counter() - start}, prefix, manifest["written_at"], reused=False)
 
 
-def _stage(name: str, draw: int) -> str:
-    return name if draw == 0 else f"{name}-draw{draw}"
-
-
 def _retry_unless_guard(exc: BaseException) -> bool:
     """Retry a failed verify, except when a reward guard tripped: rescoring would only repeat it."""
     return not isinstance(exc, (RewardCircuitOpen, SandboxFloorError))
@@ -133,7 +122,7 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: RolloutD
            reward_norm: dict[str, float] | None = None) -> VerifyDone:
     """Score the rollout. ``reward_norm``: the reward normaliser's state before this draw (RLHF)."""
     ctx = run_context(run_id, config)
-    prefix = stage_prefix(run_id, iteration, _stage("verify", draw))
+    prefix = stage_prefix(run_id, iteration, "verify", draw)
     inputs: dict[str, Any] = {"rollout_written_at": rollout_ref.written_at}  # scores of exactly the rollout in use
     if config.reward.normalize:
         inputs["reward_norm_in"] = reward_norm  # ... normalised from exactly this state
@@ -250,6 +239,6 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
 def upload_checkpoint(config: RunConfig, run_id: str, iteration: int, update_ref: UpdateDone) -> SavedCheckpoint:
     """Copy the iteration's full resumable state (weights, tokenizer, optimizer and critic states, KL
     controller, RNG, iteration) to the store; a redo finds a whole copy and keeps it."""
-    uri = run_state(config, run_id).upload_state(Path(update_ref.state_dir), iteration, update_ref.weights_sha256)
+    uri = run_context(run_id, config).state.upload_state(Path(update_ref.state_dir), iteration, update_ref.weights_sha256)
     fault_point(iteration, "upload")
     return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=update_ref.weights_sha256)

@@ -10,7 +10,7 @@ from tests.flows.test_train_flow import even_task, rl_overrides  # noqa: F401 - 
 
 def test_opt_out_registers_nothing_and_lineage_names_run_and_config(prefect_harness, tiny_checkpoint, even_task):
     from flows.train import train
-    from tasks.rl import run_state
+    from rlpipe.runtime import RunContext
 
     quiet = load_config(None, rl_overrides(tiny_checkpoint, "hygiene", "hf", even_task, iterations=1)
                         + ["tracking.register_models=false"])
@@ -20,7 +20,7 @@ def test_opt_out_registers_nothing_and_lineage_names_run_and_config(prefect_harn
     summary = json.loads(open(train(config=quiet, run_id="rl-hygiene-quiet")).read())
     assert summary["iterations_done"] == 1 and summary["registered_model"]["version"] is None
     assert tracker.client.search_model_versions(f"name='{name}'") == []
-    saved = run_state(quiet, "rl-hygiene-quiet").read_saved()  # the checkpoint is saved all the same: it resumes
+    saved = RunContext.resolve(quiet, "rl-hygiene-quiet").state.read_saved()  # saved all the same: it resumes
     assert saved.completed_iteration == 0 and saved.resume_state.endswith("iter=0")
 
     loud = quiet.model_copy(deep=True)

@@ -107,10 +107,9 @@ def test_progress_without_its_state_and_no_save_point_is_refused_not_restarted()
     save point in the store, cannot continue: it is refused (exit 4), never silently begun again."""
     from flows.train import _resume_point
     from rlpipe.runtime import RunContext
-    from tasks.rl import run_state
 
     config = load_config(None, ["train.save_interval=100"])
-    state = run_state(config, "rl-gone")
+    state = RunContext.resolve(config, "rl-gone").state
     assert state.read_saved() is None
     state.write_local(Progress(completed_iteration=1, config=config.flat(), dataset_version="d1",
                                resume_dir=str(settings().run_dir("rl-gone") / "state" / "iter=1"), weights_sha256="ab" * 32))
@@ -118,7 +117,7 @@ def test_progress_without_its_state_and_no_save_point_is_refused_not_restarted()
         _resume_point(RunContext.resolve(config, "rl-gone"), "d1", allow_change=True)
     assert state.read_local().completed_iteration == 1  # nothing lost: the record stays for a person to read
 
-    fresh = run_state(config, "rl-new")  # a run that never finished an iteration starts at 0, as asked
+    fresh = RunContext.resolve(config, "rl-new").state  # never finished an iteration: starts at 0, as asked
     fresh.write_local(Progress(completed_iteration=-1, config=config.flat(), dataset_version="d1"))
     assert _resume_point(RunContext.resolve(config, "rl-new"), "d1", allow_change=False)[0].completed_iteration == -1
 

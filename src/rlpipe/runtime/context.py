@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from rlpipe.config import RunConfig, Settings, settings
-from rlpipe.resume import resume_fingerprint
+from rlpipe.resume import RunState, resume_fingerprint
 from rlpipe.runs import RunFolder
 from rlpipe.storage.store import ObjectStore, open_store
 
@@ -51,6 +51,11 @@ class RunContext:
         return cls(run_id=run_id, config=config, settings=s, store=open_store(s.resolve_storage_uri(config), s),
                    folder=RunFolder(s.run_dir(run_id)), fingerprint=config.fingerprint(),
                    resume_fingerprint=resume_fingerprint(config))
+
+    @cached_property
+    def state(self) -> RunState:
+        """The run's progress and resumable state, here and in the store."""
+        return RunState(self.store, self.folder, self.run_id)
 
     @cached_property
     def tracker(self) -> "Tracker":

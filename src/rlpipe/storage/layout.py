@@ -19,8 +19,9 @@ def run_prefix(run_id: str) -> str:
     return f"runs/{check_run_id(run_id)}"
 
 
-def stage_prefix(run_id: str, iteration: int, stage: str) -> str:
-    return f"{run_prefix(run_id)}/iter={iteration}/{stage}"
+def stage_prefix(run_id: str, iteration: int, stage: str, draw: int = 0) -> str:
+    """An iteration's stage; a dynamic-sampling draw after the first is a stage of its own (``rollout-draw1``)."""
+    return f"{run_prefix(run_id)}/iter={iteration}/{stage}" + (f"-draw{draw}" if draw else "")
 
 
 def checkpoint_prefix(run_id: str, tag: str) -> str:
