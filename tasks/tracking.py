@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from rlpipe.config import RunConfig, settings
+from rlpipe.runtime import find_context
 from rlpipe.tracking.mlflow_utils import PROMOTION_ALIASES, Tracker
 from tasks._log import run_logger
 
@@ -60,7 +61,8 @@ def register_checkpoint(
         run_logger().info("run %s iteration %d: not registered (tracking.register_models is false); checkpoint %s",
                           run_id, iteration, checkpoint["checkpoint_uri"])
         return None
-    tracker = Tracker(settings(), config)
+    ctx = find_context(run_id)  # an RL run's tracker, made once; SFT and reward-model fits make their own
+    tracker = ctx.tracker if ctx is not None else Tracker(settings(), config)
     name = model_name or config.registered_model
     existing = _registered(tracker, name, run_id, iteration)
     if existing is not None:

@@ -6,10 +6,10 @@
 - :mod:`rlpipe.runtime.assembly`: how the services the config names are built and checked.
 """
 
-from rlpipe.runtime.context import ModelPaths, RunContext, forget_context, register_context, run_context
+from rlpipe.runtime.context import ModelPaths, RunContext, find_context, forget_context, register_context, run_context
 from rlpipe.runtime.services import RunServices, register_services, services, stop_services
 
 __all__ = [
-    "ModelPaths", "RunContext", "RunServices", "forget_context", "register_context", "register_services", "run_context",
+    "ModelPaths", "RunContext", "RunServices", "find_context", "forget_context", "register_context", "register_services", "run_context",
     "services", "stop_services",
 ]

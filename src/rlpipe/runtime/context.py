@@ -22,7 +22,7 @@ from rlpipe.storage.store import ObjectStore, open_store
 if TYPE_CHECKING:
     from rlpipe.tracking.mlflow_utils import Tracker
 
-__all__ = ["ModelPaths", "RunContext", "forget_context", "register_context", "run_context"]
+__all__ = ["ModelPaths", "RunContext", "find_context", "forget_context", "register_context", "run_context"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ def register_context(ctx: RunContext) -> RunContext:
 
 def forget_context(run_id: str) -> None:
     _CONTEXTS.pop(run_id, None)
+
+
+def find_context(run_id: str) -> RunContext | None:
+    """The registered context of ``run_id``, None outside an RL run (SFT, a reward-model fit, an evaluation)."""
+    return _CONTEXTS.get(run_id)
 
 
 def run_context(run_id: str, config: Any = None) -> RunContext:
