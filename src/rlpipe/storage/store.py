@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import Settings, settings as read_settings
+from rlpipe.storage.atomic import write_atomic
 
 MANIFEST = "_manifest.json"
 
@@ -77,14 +78,7 @@ class ObjectStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self.path(key)
         if self.is_local:
-            # Local writes go through a temporary name + rename: readers never see a partial file.
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, data)  # readers never see a partial file
         else:
             # An S3 PUT is atomic: the object appears whole or not at all.
             self.fs.pipe_file(path, data)
