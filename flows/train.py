@@ -162,9 +162,9 @@ _QUIET: list[Any] = []  # [the settings it was derived from, those settings with
 
 def _no_heartbeat():
     """Settings under which a flow run sends no heartbeat. Each heartbeat thread is joined when its flow run
-    ends, and it sleeps in 1-second steps: ~0.9 s of every iteration (measured in benchmarks/) for nothing,
-    since the parent run's heartbeat already says the process lives. The settings are derived once and
-    reused: Prefect's ``temporary_settings`` revalidates every setting on each call (~0.2 s here)."""
+    ends, and it sleeps in 1-second steps: most of a second of every iteration for nothing, since the parent
+    run's heartbeat already says the process lives (benchmarks/README.md has the figure). The settings are
+    derived once and reused: Prefect's ``temporary_settings`` revalidates every setting on each call."""
     from prefect.context import SettingsContext, get_settings_context
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 

@@ -1,8 +1,8 @@
 """An iteration's stages (rollout, verify, update, sync-weights, upload-checkpoint): retries and timeouts of
 their own, and a Prefect task run each only where ``tracking.stage_task_runs`` asks for one.
 
-A task run costs the demo's iteration ~0.11 s on 2 cores (benchmarks/README.md): its events are stored by the
-Prefect server on the same cores. A stage keeps the retries, timeout and retry condition it had as a task
+A task run has a cost of its own (benchmarks/README.md): its events are stored by the Prefect server, on the
+same cores at the demo's size. A stage keeps the retries, timeout and retry condition it had as a task
 either way; with task runs on, each attempt is a task run of its own (a failed attempt shows as Failed, the
 next one beside it).
 """
