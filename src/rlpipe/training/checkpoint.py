@@ -1,7 +1,7 @@
 """Checkpoints: HF-format weights (safetensors) + tokenizer + trainer state, and the writers that recycle a spare
 save point's files.
 
-The weight hash (the policy version) is :mod:`rlpipe.storage.weights`'; a save returns it.
+The weight hash (the policy version) comes from :mod:`rlpipe.storage.weights`; a save returns the hash of what it wrote.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ class Saving:
 
     @property
     def module(self) -> Any:
+        """The policy model the engine trains (peft-wrapped under LoRA)."""
         return self.engine.module
 
     def export_weights(self, folder: str | Path, spare: Spare | str | Path | None = None) -> str:

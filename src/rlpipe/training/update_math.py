@@ -41,6 +41,8 @@ class Prepared:
 
 
 def merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
+    """Add one micro-batch's (or mini-batch's) statistics into ``into``: summed, but max / min for the keys so
+    reduced (``_MAX_KEYS``, ``_MIN_KEYS``)."""
     for key, v in stats.items():
         if key in _MAX_KEYS:  # NaN stays NaN (max(-inf, nan) would drop it)
             into[key] = v if math.isnan(v) else max(into.get(key, -math.inf), v)
