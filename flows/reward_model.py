@@ -8,11 +8,11 @@ from pathlib import Path
 from prefect import flow
 
 from rlpipe.config import RunConfig, settings
-from rlpipe.runs import new_run_id, write_summary
+from rlpipe.runs import write_summary
 from tasks._log import run_logger
-from tasks.preflight import preflight_task
 from tasks.reward_model import prepare_preferences, train_reward_model
-from tasks.tracking import end_tracking, register_checkpoint, start_tracking, version_summary
+from flows._tracked import tracked_fit
+from tasks.tracking import register_checkpoint, version_summary
 
 
 @flow(name="rm-train", flow_run_name="{run_id}")
@@ -25,26 +25,11 @@ def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
         run_id: Id of this run (its summary.json and MLflow run); empty: a new one.
     """
     start = time.perf_counter()
-    run_id = run_id or new_run_id("rm")
-    preflight_task(config)  # fail fast, naming the component that is down
-    data = prepare_preferences(config)
-    mlflow_run = start_tracking(config, run_id, "rm", data["version"])
-    try:
-        result = train_reward_model(config, data, run_id, mlflow_run)
-        stats = result["reward_stats"]
-        version = register_checkpoint(
-            config, run_id, mlflow_run, result, data["version"], iteration=0, aliases=("latest",),
-            accuracy=result["validation_pair_accuracy"], test_accuracy=result["test_pair_accuracy"],
-            model_name=config.registered_reward_model,
-            extra_tags={"base_model": result["base_model"], "kind": "reward_model",
-                        "reward_mean": f"{stats['mean']:.6f}", "reward_std": f"{stats['std']:.6f}",
-                        "reward_count": str(int(stats["count"]))},
-            promote_best=True,
-        )
-    except BaseException:
-        end_tracking(config, mlflow_run, "FAILED")
-        raise
-    end_tracking(config, mlflow_run)
+    run_id, data, result, version, mlflow_run = tracked_fit(
+        config, run_id, "rm", lambda: prepare_preferences(config),
+        lambda data, rid, run: train_reward_model(config, data, rid, run),
+        lambda data, result, rid, run: _register(config, rid, run, result, data["version"]))
+    stats = result["reward_stats"]
     path = write_summary(settings(), run_id, {
         "kind": "rm", "config_fingerprint": config.fingerprint(), "preference_version": data["version"],
         "preference_uri": data["uri"], "pairs": {k: data[f"{k}_pairs"] for k in ("train", "validation", "test")},
@@ -57,3 +42,17 @@ def rm_train(config: RunConfig = RunConfig(), run_id: str = "") -> str:
     })
     run_logger().info("summary: %s", path)
     return str(Path(path))
+
+
+def _register(config: RunConfig, run_id: str, mlflow_run: str, result: dict, data_version: str) -> dict | None:
+    """The fitted reward model as a version of ``<task>-rm``: ``latest`` moves, ``best`` follows validation pair
+    accuracy; its reward statistics are tags (the RL run's normaliser starts from them)."""
+    stats = result["reward_stats"]
+    return register_checkpoint(
+        config, run_id, mlflow_run, result, data_version, iteration=0, aliases=("latest",),
+        accuracy=result["validation_pair_accuracy"], test_accuracy=result["test_pair_accuracy"],
+        model_name=config.registered_reward_model,
+        extra_tags={"base_model": result["base_model"], "kind": "reward_model", "reward_mean": f"{stats['mean']:.6f}",
+                    "reward_std": f"{stats['std']:.6f}", "reward_count": str(int(stats["count"]))},
+        promote_best=True,
+    )

@@ -8,11 +8,11 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from rlpipe.config import RunConfig, settings
-from rlpipe.runs import new_run_id, write_summary
+from rlpipe.runs import write_summary
 from tasks.data import prepare_dataset
-from tasks.preflight import preflight_task
 from tasks.sft import train_sft_task
-from tasks.tracking import end_tracking, register_checkpoint, start_tracking, version_summary
+from flows._tracked import tracked_fit
+from tasks.tracking import register_checkpoint, version_summary
 
 
 @flow(name="sft", log_prints=True)
@@ -25,21 +25,11 @@ def sft(config: RunConfig = RunConfig(), run_id: str | None = None) -> str:
         run_id: Id of this run (its summary.json and MLflow run); empty: a new one.
     """
     start = time.perf_counter()
-    run_id = run_id or new_run_id("sft")
-    preflight_task(config)  # fail fast, naming the component that is down
-    dataset = prepare_dataset(config)
-    mlflow_run = start_tracking(config, run_id, "sft", dataset["version"])
-    try:
-        result = train_sft_task(config, dataset, run_id, mlflow_run)
-        version = register_checkpoint(
-            config, run_id, mlflow_run, result, dataset["version"], iteration=0,
-            aliases=("base", "latest"), accuracy=result["validation_accuracy_after"],
-            test_accuracy=result["heldout_accuracy_after"],
-        )
-    except BaseException:
-        end_tracking(config, mlflow_run, "FAILED")
-        raise
-    end_tracking(config, mlflow_run)
+    run_id, dataset, result, version, mlflow_run = tracked_fit(
+        config, run_id, "sft", lambda: prepare_dataset(config), lambda data, rid, run: train_sft_task(config, data, rid, run),
+        lambda data, result, rid, run: register_checkpoint(
+            config, rid, run, result, data["version"], iteration=0, aliases=("base", "latest"),
+            accuracy=result["validation_accuracy_after"], test_accuracy=result["heldout_accuracy_after"]))
     path = write_summary(
         settings(),
         run_id,

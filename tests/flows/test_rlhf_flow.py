@@ -4,6 +4,7 @@ side; with the reward-model service down every sample is skipped, never scored 0
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -116,11 +117,15 @@ def test_a_resume_refuses_a_reward_model_that_changed():
     """`@best` moved to a newer reward model between a run's start and its resume: the reward would change
     mid-run, so the resume is refused unless the change is allowed."""
     from flows.train import _check_reward_model
+    from rlpipe.progress import Progress
     from rlpipe.resume import ResumeRefused
 
-    progress = {"reward_model_version": "rlpipe-x-rm/v1@aaaa"}
-    _check_reward_model("r", progress, {"reward_model_version": "rlpipe-x-rm/v1@aaaa"}, False)  # same: fine
+    def started(version):  # what starting the services found: only the reward model's version matters here
+        return SimpleNamespace(reward_model_version=version)
+
+    progress = Progress(reward_model_version="rlpipe-x-rm/v1@aaaa")
+    _check_reward_model("r", progress, started("rlpipe-x-rm/v1@aaaa"), False)  # same: fine
     with pytest.raises(ResumeRefused, match="v1@aaaa, which now resolves to rlpipe-x-rm/v2@bbbb"):
-        _check_reward_model("r", progress, {"reward_model_version": "rlpipe-x-rm/v2@bbbb"}, False)
-    _check_reward_model("r", progress, {"reward_model_version": "rlpipe-x-rm/v2@bbbb"}, True)  # allowed
-    _check_reward_model("r", {}, {"reward_model_version": "rlpipe-x-rm/v2@bbbb"}, False)  # a new run
+        _check_reward_model("r", progress, started("rlpipe-x-rm/v2@bbbb"), False)
+    _check_reward_model("r", progress, started("rlpipe-x-rm/v2@bbbb"), True)  # allowed
+    _check_reward_model("r", Progress(), started("rlpipe-x-rm/v2@bbbb"), False)  # a new run
