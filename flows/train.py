@@ -20,7 +20,7 @@ from rlpipe.eta import Eta
 from rlpipe.guards import NonFiniteUpdate, RewardCircuitOpen
 from rlpipe.progress import Progress
 from rlpipe.runs import new_run_id
-from rlpipe.runtime import RunContext, register_context, stop_services
+from rlpipe.runtime import RunContext, forget_context, register_context, stop_services
 from rlpipe.runtime.assembly import ServicesStarted
 from rlpipe.storage.layout import check_run_id
 from tasks._log import run_logger
@@ -78,8 +78,16 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
         run_id: Start this run, or resume it after its last completed iteration; empty: a new run id.
         allow_config_change: Resume even though the config or the dataset changed (recorded in MLflow).
     """
-    start = time.perf_counter()
     ctx = register_context(RunContext.resolve(config, check_run_id(run_id or new_run_id("rl"))))
+    try:
+        return _train(ctx, allow_config_change)
+    finally:
+        forget_context(ctx.run_id)  # a run that stopped early leaves no context behind for a later run of its id
+
+
+def _train(ctx: RunContext, allow_config_change: bool) -> str | State:
+    """Data, the resume point, services, the base evaluation, the iterations, the summary."""
+    start, config = time.perf_counter(), ctx.config
     preflight_task(config)  # fail fast, naming the component that is down
     dataset = prepare_dataset(config)
     progress, changes = _resume_point(ctx, dataset["version"], allow_config_change)
