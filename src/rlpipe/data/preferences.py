@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import canonical_json
-from rlpipe.data._jsonl import jsonl_objects
+from rlpipe.jsonl import jsonl_objects
 from rlpipe.data.prompts import SPLITS, Finding
 
 __all__ = ["PREFERENCE_SCHEMA", "PreferenceFileError", "build_synthetic_preferences", "load_preferences", "preference_version", "is_preference_file"]

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import canonical_json
-from rlpipe.data._jsonl import jsonl_objects
+from rlpipe.jsonl import jsonl_objects
 from rlpipe.storage.schemas import PROMPT_SCHEMA
 from rlpipe.storage.store import conform
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rlpipe.data._jsonl import jsonl_objects
+from rlpipe.jsonl import jsonl_objects
 from rlpipe.rewards.pool import VerifierPool, VerifyItem
 
 
