@@ -118,6 +118,38 @@ def test_config_envs_and_the_registries_are_in_no_import_cycle():
     assert not bad, f"import cycles through config/envs/registries: {bad}"
 
 
+# The layers of rlpipe's packages and top-level modules, lowest first: a module imports only from its own
+# package or from a lower layer. A new package or module takes its place here.
+LAYERS = (
+    ("yamlio", "registry", "jsonl", "net", "procs", "http_client", "tokens", "progress", "sandbox", "eta"),
+    ("algorithms", "envs", "summary"),
+    ("config", "rewards"),
+    ("storage", "guards", "stack"),
+    ("data", "history", "retention", "tracking"),
+    ("runs", "alerts"),
+    ("resume",),
+    ("training",),
+    ("rollout",),
+    ("runtime", "services", "evaluation", "doctor", "stages"),
+    ("eval_suite", "cli"),
+)
+
+
+def _room(module: str) -> str:
+    """``rlpipe.rollout.batch`` → ``rollout``; ``rlpipe.guards`` → ``guards``."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_no_module_imports_from_a_higher_layer():
+    layer = {room: k for k, rooms in enumerate(LAYERS) for room in rooms}
+    graph = import_graph()
+    rooms = {_room(m) for m in graph} - {""}
+    assert not (unplaced := sorted(rooms - set(layer))), f"place these in LAYERS: {unplaced}"
+    up = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                if _room(a) and _room(b) and _room(a) != _room(b) and layer[_room(b)] >= layer[_room(a)])
+    assert not up, "imports from the same or a higher layer:\n  " + "\n  ".join(up)
+
+
 if __name__ == "__main__":
     for component in cycles(import_graph()):
         print(" <-> ".join(component))
