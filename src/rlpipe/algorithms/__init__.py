@@ -8,6 +8,8 @@ override any of the three. The presets in ``configs/`` add each method's publish
 
 from typing import Any
 
+from rlpipe.registry import Registry
+
 from rlpipe.algorithms.advantages import (
     ADVANTAGES, NEEDS_CRITIC, AdvantageInput, AdvantageOutput, compute_advantages, register_advantage,
 )
@@ -18,9 +20,10 @@ from rlpipe.algorithms.losses import (
     AGG_MODES, POLICY_LOSSES, LossAgg, aggregate, explained_variance, policy_loss, register_policy_loss, value_loss,
 )
 
-# "clip": the method's published (ε_low, ε_high), used unless the config sets a clip range;
-# without it, PPO's 0.2.
-ALGORITHMS: dict[str, dict[str, Any]] = {
+# An algorithm: which advantage estimator, policy loss and loss aggregation it is defined with, and "clip": the
+# method's published (ε_low, ε_high), used unless the config sets a clip range (without it, PPO's 0.2).
+ALGORITHMS: Registry[dict[str, Any]] = Registry("algorithm", fix="check the spelling, or add one to ALGORITHMS")
+for _name, _spec in {
     "grpo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
     "dr_grpo": {"advantage": "dr_grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "constant"},
     "dapo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean", "clip": (0.2, 0.28)},
@@ -29,14 +32,14 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "reinforce_pp": {"advantage": "reinforce_pp", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
     "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
     "ppo": {"advantage": "gae", "policy_loss": "ppo_clip", "loss_agg_mode": "token_mean"},
-}
+}.items():
+    ALGORITHMS.add(_name, _spec)
+del _name, _spec
 
 
 def algorithm(name: str) -> dict[str, Any]:
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(ALGORITHMS))}") from None
+    """The parts of algorithm ``name``; an unknown name is a KeyError listing the valid ones."""
+    return ALGORITHMS.get(name)
 
 
 __all__ = [

@@ -228,7 +228,7 @@ class TrainConfig(Strict):
                 f"micro_batch_size ({self.micro_batch_size}) exceeds batch_size ({self.batch_size}); lower it"
             )
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; valid: {', '.join(ALGORITHMS.names())}")
         if self.advantage is not None and self.advantage not in ADVANTAGES:
             raise ValueError(f"unknown advantage {self.advantage!r}; valid: {', '.join(ADVANTAGES.names())}")
         if self.policy_loss is not None and self.policy_loss not in POLICY_LOSSES:
