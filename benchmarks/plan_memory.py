@@ -92,7 +92,7 @@ def main() -> None:
     env = os.environ | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                         "MALLOC_MMAP_THRESHOLD_": "131072"}
     with tempfile.TemporaryDirectory() as tmp:
-        for k, size in enumerate(args.sizes.split(",")):
+        for size in args.sizes.split(","):
             hidden, layers = SIZES[size]
             folder = build_standin(Path(tmp) / size, "qwen2", hidden=hidden, layers=layers, heads=hidden // 64,
                                    kv_heads=hidden // 128, intermediate=hidden * 4)

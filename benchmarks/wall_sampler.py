@@ -19,7 +19,6 @@ import json
 import runpy
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = str(Path(__file__).resolve().parents[1]) + "/"

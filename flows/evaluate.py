@@ -82,8 +82,8 @@ def evaluate(
 def evaluate_suite(
     model: str = "models:/rlpipe-arithmetic@best",
     # List defaults, so the UI's form shows them (the flow never changes them in place).
-    suite: list[str] = list(DEFAULT_SUITE),
-    overrides: list[str] = [],
+    suite: list[str] = list(DEFAULT_SUITE),  # noqa: B006
+    overrides: list[str] = [],  # noqa: B006
     experiment: str = SUITE_EXPERIMENT,
     config: Optional[RunConfig] = None,
     run_id: str = "",

@@ -126,7 +126,7 @@ def test_cli_config_validate(tmp_path):
 def test_extends_merges_sections_and_the_extending_file_wins(tmp_path):
     (tmp_path / "base").mkdir()
     write(tmp_path / "base", "rollout: {batch_size: 16, samples_per_prompt: 4}\ntrain: {lr: 1.0e-4, kl_coef: 0.01}\nseed: 3\n", "b.yaml")
-    mid = write(tmp_path, "extends: base/b.yaml\ntrain: {lr: 2.0e-5}\n", "mid.yaml")
+    write(tmp_path, "extends: base/b.yaml\ntrain: {lr: 2.0e-5}\n", "mid.yaml")
     top = write(tmp_path, "extends: mid.yaml\nrollout: {batch_size: 8}\n", "top.yaml")
     cfg = load_config(top)
     assert (cfg.rollout.batch_size, cfg.rollout.samples_per_prompt) == (8, 4)

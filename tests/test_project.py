@@ -39,4 +39,4 @@ def test_prefect_yaml_entrypoints_are_flows():
 
 def test_readme_starts_with_the_two_commands():
     head = (ROOT / "README.md").read_text().splitlines()[:10]
-    assert any("make demo" in l for l in head) and any("make test" in l for l in head)
+    assert any("make demo" in line for line in head) and any("make test" in line for line in head)

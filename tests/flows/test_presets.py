@@ -1,7 +1,6 @@
 """Every algorithm preset in configs/presets runs the RL flow end to end (shrunk to CI size), and
 DAPO's sampling rules do what they say on the stored trajectories."""
 
-import json
 from pathlib import Path
 
 import pytest

@@ -4,7 +4,6 @@ the in-process run reaches with the same seed."""
 
 from __future__ import annotations
 
-import json
 
 from rlpipe.config import settings
 from rlpipe.history import read_history

@@ -157,6 +157,6 @@ def host_guard():
 
 def last_json(stdout: str) -> dict:
     """The child reports its findings as JSON on its last stdout line."""
-    lines = [l for l in stdout.strip().splitlines() if l.strip()]
+    lines = [line for line in stdout.strip().splitlines() if line.strip()]
     assert lines, "child printed nothing"
     return json.loads(lines[-1])

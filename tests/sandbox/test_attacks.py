@@ -277,7 +277,7 @@ def test_filling_tmpfs_counts_against_memory_and_never_touches_the_host(report):
     """)
     limits = SandboxLimits(memory_mb=96, wall_s=20)
     r = run_python(code, limits=limits)
-    written = max([int(l) for l in r.stdout.splitlines() if l.strip().isdigit()] or [0]) * 8
+    written = max([int(x) for x in r.stdout.splitlines() if x.strip().isdigit()] or [0]) * 8
     assert written <= limits.memory_mb, f"wrote {written} MB to tmpfs with a {limits.memory_mb} MB limit"
     assert r.status == "memory" or (r.status == "ok" and "full" in r.stdout), r
     assert not list(Path("/dev/shm").glob(f"{tag}*"))

@@ -99,6 +99,7 @@ def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harn
     url, log = trainer2
     sets = rl_overrides(tiny_checkpoint, "rltrainer", "hf", even_task, iterations=2)
     local = invoke(["run", "--run-id", "rl-trainer-local"] + [x for s in sets for x in ("--set", s)])
+    assert local["iterations_done"] == 2
     monkeypatch.setenv("RLPIPE_TRAINER_TOKEN", TOKEN)
     remote = invoke(["run", "--run-id", "rl-trainer-svc", "--set", f"services.trainer={url}"] + [x for s in sets for x in ("--set", s)])
     assert remote["iterations_done"] == 2

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.config import load_config, settings
+from rlpipe.config import load_config
 from rlpipe.storage import PROMPT_SCHEMA, open_store
 from rlpipe.storage.weights import file_weights_sha256
 from tasks.data import DatasetInvalid, prepare_dataset

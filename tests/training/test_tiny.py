@@ -89,7 +89,6 @@ def test_weight_hash_sees_every_change(tok):
 
 def test_vllm_loads_the_saved_model(tiny_checkpoint, tmp_path):
     """The saved folder is a real HF model: vLLM (CPU build here) serves it and agrees with HF greedy decoding."""
-    import os
     import subprocess
     import sys
 
@@ -108,6 +107,6 @@ outs = llm.generate({prompts!r}, SamplingParams(temperature=0, max_tokens=6))
 print("RESULT" + json.dumps([o.outputs[0].text for o in outs]))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     assert json.loads(lines[-1][len("RESULT"):]) == expected

@@ -64,13 +64,11 @@ sandbox ``isolation`` level (None where the sandbox never ran).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from rlpipe.rewards.base import VerifyResult, register_verifier

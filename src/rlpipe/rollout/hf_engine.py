@@ -105,7 +105,7 @@ class HFEngine:
                              past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1]
             next_pos = next_pos + 1
-        return [(t, l, "stop" if t and t[-1] in eos else "length") for t, l in zip(toks, lps)]
+        return [(t, lp, "stop" if t and t[-1] in eos else "length") for t, lp in zip(toks, lps)]
 
     def load_weights(self, folder: str | Path) -> str:
         tensors = load_safetensors_folder(folder)

@@ -248,7 +248,7 @@ def _remove_groups(groups, wait_s=5.0):
                 pids = []
             for pid in pids:
                 if pid != me:
-                    _signal_pid(pid, signal.SIGKILL, lambda _ppid, _uids, pid=pid: _in_group(pid, name))
+                    _signal_pid(pid, signal.SIGKILL, lambda _ppid, _uids, pid=pid, name=name: _in_group(pid, name))
         time.sleep(0.01)
 
 

@@ -271,7 +271,7 @@ def launch_cmd(nproc: int, host: str, port: int, max_queue: int = 4, request_tim
     from rlpipe.net import free_port
 
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-            f"--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "rlpipe.services.trainer",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "rlpipe.services.trainer",
             "--host", host, "--port", str(port), "--max-queue", str(max_queue), "--request-timeout", str(request_timeout_s)]
 
 
