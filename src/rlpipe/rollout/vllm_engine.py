@@ -253,7 +253,7 @@ class VLLMEngine:
                 stop_token_ids=self.stop_ids,
                 ignore_eos=not self.stop_ids,  # rollout.stop_tokens: [] -- every response runs to max_new_tokens
                 # The text is decoded below in one call, as the HF engine decodes it: vLLM's per-step
-                # incremental detokenizer and the decoding of every log-prob's token cost ~13% of a
+                # incremental detokenizer and the decoding of every log-prob's token are a visible share of a
                 # generate at the demo size (benchmarks/README.md), and no stop string needs the text.
                 detokenize=False,
                 flat_logprobs=True,
