@@ -24,7 +24,12 @@ demo-agent: install
 
 test:
 	@RLPIPE_INSTALL_BROWSER=1 bash scripts/install.sh
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# The linter alone (pyproject.toml's [tool.ruff]); `make test` runs it first.
+lint: install
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf .rlpipe .pytest_cache
