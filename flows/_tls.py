@@ -3,7 +3,7 @@
 Prefect 3 builds a new ``PrefectClient`` for the parent task run that stands for each subflow run
 (``Task.create_run`` → ``get_client()``), and every client builds an ``ssl.SSLContext`` by parsing its CA
 bundle: ~28 ms of CPU on the 2-core machine, on the path that starts each iteration's flow run, and
-also for an ``http://`` API, where the context is never used (benchmarks/README.md, "The flow run's
+also for an ``http://`` API, where the context is never used (benchmarks/history.md, "The flow run's
 start"). A context is safe to share between clients and threads, so the one built for a CA file (and
 mode) is reused until that file changes; what each client verifies is unchanged.
 """

@@ -171,7 +171,7 @@ _QUIET: list[Any] = []  # [the settings it was derived from, those settings with
 def _no_heartbeat():
     """Settings under which a flow run sends no heartbeat. Each heartbeat thread is joined when its flow run
     ends, and it sleeps in 1-second steps: most of a second of every iteration for nothing, since the parent
-    run's heartbeat already says the process lives (benchmarks/README.md has the figure). The settings are
+    run's heartbeat already says the process lives (benchmarks/history.md has the figure). The settings are
     derived once and reused: Prefect's ``temporary_settings`` revalidates every setting on each call."""
     from prefect.context import SettingsContext, get_settings_context
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY

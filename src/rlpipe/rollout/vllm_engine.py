@@ -254,7 +254,7 @@ class VLLMEngine:
                 ignore_eos=not self.stop_ids,  # rollout.stop_tokens: [] -- every response runs to max_new_tokens
                 # The text is decoded below in one call, as the HF engine decodes it: vLLM's per-step
                 # incremental detokenizer and the decoding of every log-prob's token are a visible share of a
-                # generate at the demo size (benchmarks/README.md), and no stop string needs the text.
+                # generate at the demo size (benchmarks/history.md), and no stop string needs the text.
                 detokenize=False,
                 flat_logprobs=True,
             )

@@ -92,7 +92,7 @@ class RecyclingWrites:
     A save point's optimizer state is the same size every iteration. Written as a new file, it takes new
     page-cache pages; on a VM that hands freed memory back to its host (free page reporting) the first touch of
     such pages runs at ~140 MB/s (~28 µs per 4 KiB page), and the demo's 27.6 MB save took 16 ms or 150–210 ms at random (measured in
-    the loop, benchmarks/README.md). Serialised into a buffer kept from the last save and written over the file
+    the loop, benchmarks/history.md). Serialised into a buffer kept from the last save and written over the file
     of the same name in a save point that is no longer needed (``spare``, moved into place first), it took
     14–22 ms in 19 of 20 saves (the first fills the buffer). The bytes written are torch.save's, as before; without a spare the file is new.
     """
@@ -207,7 +207,7 @@ class RecyclingSafetensors:
 
     The same reason as :class:`RecyclingWrites`: a new file takes new page-cache pages, and on this VM their first
     touch is slow. The weights are the larger part of a save point (exporting the 33.6M model's 134 MB took
-    0.32–0.44 s into a new file, 0.095–0.099 s over the spare's; benchmarks/README.md). Each file is written
+    0.32–0.44 s into a new file, 0.095–0.099 s over the spare's; benchmarks/history.md). Each file is written
     straight from the tensors it is handed (a valid safetensors file that any reader loads; the tensors in name
     order), and the weights' hash (:func:`weights_sha256`) is taken from the same tensors as they are written, so
     the file is not read back to hash it. What was written is checked where it is read: the engine hashes what it
