@@ -36,7 +36,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     if not _prefetched(run_id, iteration):  # a batch generated ahead made this iteration's first calls
         http_client.drain()  # the services' calls of this iteration only
     last = config.train.total_iterations - 1
-    draws = _draws(ctx, iteration)
+    progress = ctx.folder.read_progress() or Progress()  # read once; this iteration's line is added at its end
+    draws = _draws(ctx, iteration, progress.reward_norm)
     ahead = _generate_ahead(config, run_id, iteration, last)
     try:
         with mon.stage("update"):
@@ -69,7 +70,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         prefetch_rollout(config, run_id, iteration + 1)
     fired = _alerts(ctx, iteration, metrics)
     _log_tracking(ctx, mlflow_run_id, iteration, metrics, fired, ev)
-    _record(ctx, iteration, draws, metrics, u, ev, val, registered, save_point)
+    _record(ctx, progress, iteration, draws, metrics, u, ev, val, registered, save_point)
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (generate %.2f, verify %.2f, update %.2f, "
         "sync %.2f; overhead %.0f%%)",
@@ -92,11 +93,11 @@ def _log_tracking(ctx: RunContext, mlflow_run_id: str, iteration: int, metrics: 
         tracker.log_table(mlflow_run_id, [{"iteration": iteration} | x for x in ev["samples"]], "generations.json")
 
 
-def _draws(ctx: RunContext, iteration: int) -> list[tuple[RolloutDone, VerifyDone]]:
-    """Rollout + verify; with DAPO dynamic sampling, more draws until enough groups carry a signal."""
+def _draws(ctx: RunContext, iteration: int, norm: dict[str, float] | None) -> list[tuple[RolloutDone, VerifyDone]]:
+    """Rollout + verify; with DAPO dynamic sampling, more draws until enough groups carry a signal. ``norm``: the
+    reward normaliser after the last iteration (RLHF)."""
     config, run_id, draws = ctx.config, ctx.run_id, []
     with_signal = 0.0
-    norm = (ctx.folder.read_progress() or Progress()).reward_norm  # RLHF: the normaliser after the last iteration
     for draw in range(1 + (config.rollout.max_extra_draws if config.rollout.dynamic_sampling else 0)):
         with monitor().stage("generate"):
             r = rollout(config, run_id, iteration, draw)
@@ -137,11 +138,11 @@ def _alerts(ctx: RunContext, iteration: int, metrics: dict[str, float]) -> list:
     return fired
 
 
-def _record(ctx: RunContext, iteration: int, draws: list[tuple[RolloutDone, VerifyDone]], metrics: dict[str, float],
-            u: UpdateDone, ev: dict[str, Any] | None, val: dict[str, Any] | None, registered: dict[str, Any] | None,
-            save_point: bool) -> None:
-    """The iteration's line in the progress; at a save point the store's record first, then this machine's."""
-    progress = ctx.folder.read_progress() or Progress()
+def _record(ctx: RunContext, progress: Progress, iteration: int, draws: list[tuple[RolloutDone, VerifyDone]],
+            metrics: dict[str, float], u: UpdateDone, ev: dict[str, Any] | None, val: dict[str, Any] | None,
+            registered: dict[str, Any] | None, save_point: bool) -> None:
+    """The iteration's line in ``progress`` (as the iteration began); at a save point the store's record first,
+    then this machine's."""
     ctx.folder.history.add(iteration, metrics)  # appended: the cost does not grow with the run
     norm = next((dv.reward_norm for _, dv in reversed(draws) if dv.reward_norm is not None), progress.reward_norm)
     progress = progress.but(reward_norm=norm, completed_iteration=iteration, resume_dir=u.state_dir,
