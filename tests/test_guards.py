@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from rlpipe.guards import (
-    RUN_STOPPING, NonFiniteUpdate, RewardCircuitOpen, StaleBatchError, check_dynamic, check_nonfinite, check_staleness,
+    NonFiniteUpdate, StaleBatchError, check_dynamic, check_nonfinite, check_staleness,
 )
 
 
@@ -35,6 +35,3 @@ def test_dynamic_sampling_short_of_the_batch_is_an_alert_not_a_stop(caplog):
         assert check_dynamic(4, 1, {"dynamic/groups_kept": 3.0}, 3, log) is True
     assert "kept 3/4 groups after 3 draws" in caplog.text
 
-
-def test_every_run_stopping_guard_is_in_one_tuple():
-    assert {NonFiniteUpdate, StaleBatchError, RewardCircuitOpen} <= set(RUN_STOPPING)

@@ -2,8 +2,7 @@
 
 Each is an error a person must act on, never something a retry mends: the CLI turns them into a clear
 message and an exit code, and the train flow raises them as alerts first. The reward guards (the sandbox
-floor, the circuit breaker) live with the rewards (:mod:`rlpipe.rewards.guards`) and are re-exported here,
-so that a caller asking "did a guard stop the run" has one place to look.
+floor, the circuit breaker) live with the rewards (:mod:`rlpipe.rewards.guards`) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
 
 __all__ = [
-    "NonFiniteUpdate", "RewardCircuitOpen", "RUN_STOPPING", "SandboxFloorError", "StaleBatchError", "check_dynamic",
+    "NonFiniteUpdate", "RewardCircuitOpen", "SandboxFloorError", "StaleBatchError", "check_dynamic",
     "check_nonfinite", "check_staleness",
 ]
 
@@ -27,9 +26,6 @@ class NonFiniteUpdate(RuntimeError):
 
 class StaleBatchError(RuntimeError):
     """A batch sampled by a policy more updates behind the one it would train than rollout.async_steps allows."""
-
-
-RUN_STOPPING = (NonFiniteUpdate, RewardCircuitOpen, SandboxFloorError, StaleBatchError)
 
 
 def check_staleness(async_steps: int, iteration: int, staleness: int, what: str) -> None:

@@ -99,7 +99,7 @@ class RunState:
         from rlpipe.storage.layout import checkpoint_prefix, run_prefix
 
         self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
-        self.store, self.local_dir, self.run_id = store, self.folder.path, run_id
+        self.store, self.run_id = store, run_id
         self.progress_key = f"{run_prefix(run_id)}/progress.json"
         self.history_prefix = f"{run_prefix(run_id)}/history"
         self._checkpoint = lambda k: checkpoint_prefix(run_id, f"iter={k}")

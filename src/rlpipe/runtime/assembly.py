@@ -64,7 +64,7 @@ def build_services(ctx: RunContext, dataset: dict[str, Any], resume_dir: str | N
     svc = RunServices(
         run_id=ctx.run_id, engine=engine, trainer=trainer, pool=None, tokenizer=trainer.tokenizer,
         train_rows=split_rows(config, rows, "train"), test_rows=split_rows(config, rows, "test"),
-        ground_truth=ground_truths(rows), validation_rows=split_rows(config, rows, "validation"), ctx=ctx,
+        ground_truth=ground_truths(rows), validation_rows=split_rows(config, rows, "validation"),
     )
     proof = start_probe(svc, config)  # the engine and the trainer hold the same policy, shown on the engine
     svc.policy_iteration = _state_iteration(resume_dir)

@@ -28,7 +28,6 @@ class RunServices:
     test_rows: list[dict[str, Any]]
     ground_truth: dict[str, str | None]
     validation_rows: list[dict[str, Any]] = field(default_factory=list)
-    ctx: Any = None  # the run's RunContext (rlpipe.runtime.context)
     proof: Any = None  # the weight-sync proof: probe batch, tolerance, last result (rlpipe.rollout.probe.SyncProof)
     policy_iteration: int = -1  # the last update the engine's policy holds (-1: the run's start policy)
     reward_model: Any = None  # RLHF: a RewardModelSource (in-process or the service)
