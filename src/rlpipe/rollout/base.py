@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class WeightSyncError(RuntimeError):
@@ -37,6 +38,13 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, folder: str | Path) -> str:
         """Reload the policy from an HF folder in place; returns the sha256 of the weights now held."""
+        ...
+
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
+        """Reload the policy from tensors in memory (an HF checkpoint's names and layout: what ``save_pretrained``
+        would write), handed over by the trainer without a file. ``sha256``: their :func:`weights_sha256`, computed
+        once by the caller from these very tensors. The engine checks it consumed every tensor and reads back what
+        it holds in plain form; returns the version it now reports (``sha256``)."""
         ...
 
     def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:

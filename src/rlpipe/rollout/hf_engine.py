@@ -5,6 +5,7 @@ serves a float32 checkpoint in 16 bits on a GPU), and on CPU in float32 otherwis
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -111,18 +112,26 @@ class HFEngine:
         tensors = load_safetensors_folder(folder)
         if not tensors:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        return self.load_tensors(tensors, weights_sha256(tensors), where=str(folder))
+
+    @torch.no_grad()
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: str, where: str = "the handed tensors") -> str:
+        """Copied into the engine's own modules (never shared: the trainer changes its weights while this engine
+        may still generate with the last ones); the caller hashed them once (``sha256``)."""
+        if not tensors:
+            raise WeightSyncError("no tensors handed over")
+        missing, unexpected = self.model.load_state_dict(dict(tensors), strict=False)
         if unexpected or any(k for k in missing if "lm_head" not in k):
-            raise WeightSyncError(f"weights in {folder} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise WeightSyncError(f"weights in {where} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
         if self.model.config.tie_word_embeddings:
             self.model.tie_weights()
         # Read back from the model itself, every tensor, against what was fed cast to the engine's dtype (a 16-bit
         # engine holds the rounded weights); the version is the hash of what was fed, as vLLM's engine reports.
         held = self.model.state_dict()
-        differ = [k for k, t in tensors.items() if not torch.equal(held[k].cpu(), t.to(held[k].dtype))]
+        differ = [k for k, t in tensors.items() if not torch.equal(held[k], t.to(held[k].device, held[k].dtype))]
         if differ:
             raise WeightSyncError(f"after reload the engine holds different values for {differ[:5]}")
-        self._sha = weights_sha256(tensors)
+        self._sha = sha256
         self.last_readback = len(tensors)
         return self._sha
 

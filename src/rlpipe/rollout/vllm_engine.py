@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -287,11 +287,21 @@ class VLLMEngine:
         tensors = load_safetensors_folder(folder)
         if not tensors:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
-        consumed: dict[str, torch.Tensor] = {}
+        return self._load_tensors(tensors, weights_sha256(tensors))
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: str) -> str:
+        """The trainer's tensors in memory, hashed by the caller once (see :meth:`RolloutEngine.load_tensors`)."""
+        if not tensors:
+            raise WeightSyncError("no tensors handed over")
+        with self._lock:
+            return self._load_tensors(tensors, sha256)
+
+    def _load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: str) -> str:
+        consumed: set[str] = set()
 
         def stream():
             for name in sorted(tensors):
-                consumed[name] = tensors[name]
+                consumed.add(name)
                 yield name, tensors[name]
 
         # vLLM's in-place reload: the weights go through the model's own loader (fusing, CPU
@@ -299,8 +309,8 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self.llm.apply_model(_repack_embeddings)
         self.llm.reset_prefix_cache()
-        if set(consumed) != set(tensors):
-            missing = sorted(set(tensors) - set(consumed))[:5]
+        if consumed != set(tensors):
+            missing = sorted(set(tensors) - consumed)[:5]
             raise WeightSyncError(f"vLLM did not consume {len(tensors) - len(consumed)} tensor(s), e.g. {missing}")
         compared, differ = self.llm.apply_model(lambda model: _readback(model, tensors, self.tensor_parallel_size))[0]
         if differ:
@@ -308,7 +318,7 @@ class VLLMEngine:
         if compared == 0:  # a read-back that compared nothing proves nothing (the probe must cover it all)
             raise WeightSyncError(f"the read-back after reload compared no tensor of {len(tensors)}: names or layout "
                                   "of the engine's parameters no longer match the checkpoint's")
-        self._sha, self._lora = weights_sha256(consumed), None  # whole weights: no adapter on them
+        self._sha, self._lora = sha256, None  # whole weights: no adapter on them
         self.last_readback = compared
         return self._sha
 
