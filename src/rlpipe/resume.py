@@ -35,7 +35,7 @@ EXTENDABLE_KEYS = frozenset({"train.total_iterations"})
 # Sections that watch, tidy or place a run without steering it (alerts, retention, where its services run,
 # when an on-policy batch is generated): free to change on a resume.
 OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register_models", "tracking.stage_task_runs",
-                        "rollout.prefetch")
+                        "rollout.prefetch", "train.async_save")
 
 
 # Keys added after runs were recorded without them, each with its value that is the behaviour from before it

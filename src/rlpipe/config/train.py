@@ -181,7 +181,21 @@ class TrainConfig(Strict):
         "train.lora (its trainable state is small: use 2)."
     )
     total_iterations: int = Field(80, ge=1, description="RL iterations (one Prefect flow run each).")
-    save_interval: int = Field(20, ge=1, description="Register a checkpoint every this many iterations (and at the end).")
+    save_interval: int = Field(
+        20, ge=1, description="A save point every this many iterations (and at the end): the trainer's resumable "
+        "state (weights, optimizer, RNG) written locally and to the object store, and a model version registered. "
+        "Between save points the weights reach the engine in memory and nothing is written; a resume continues "
+        "from the last save point and redoes the iterations after it (their stored batches are reused where the "
+        "policy matches).")
+    async_save: bool = Field(
+        True, description="Write a save point's local state in a background thread while the sync, the evaluation "
+        "and the next batch's generation go on; it is joined before the next update and before the state is "
+        "uploaded, and a kill during it resumes from the previous complete save point. For the in-process "
+        "trainer; a trainer service writes its state before it answers.")
+
+    def save_point(self, iteration: int) -> bool:
+        """Whether ``iteration`` ends with a save point: every ``save_interval``-th iteration and the last."""
+        return (iteration + 1) % self.save_interval == 0 or iteration == self.total_iterations - 1
     eval_interval: int = Field(10, ge=1, description="Greedy held-out accuracy every this many iterations (and at the end).")
     eval_size: int | None = Field(None, ge=1, description="Held-out questions per evaluation; default: the whole test split.")
 

@@ -65,6 +65,20 @@ def save_checkpoint(
     return digest
 
 
+def hf_checkpoint_tensors(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """What ``model.save_pretrained(state_dict=state_dict)`` writes, in memory and without a copy: the keys it
+    ignores left out, tied copies dropped (the name it keeps), weight conversions reverted, by transformers' own
+    functions. The weights the trainer hands an engine and hashes, equal to the saved file's (tested on two
+    architectures and under LoRA)."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
+
+    sd = dict(model.state_dict() if state_dict is None else state_dict)
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        sd.pop(key, None)
+    sd = revert_weight_conversion(model, remove_tied_weights_from_state_dict(sd, model))
+    return {k: v.detach() for k, v in sd.items()}
+
+
 def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, dict[str, Any]]:
     """(model, tokenizer, trainer_state) from a checkpoint folder or any HF causal-LM folder."""
     from transformers import AutoModelForCausalLM

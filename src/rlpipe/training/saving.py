@@ -7,15 +7,17 @@ and the critic's), the trainer state and the RNG, each file written over a spare
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlpipe.storage.weights import file_weights_sha256, weights_sha256
+from rlpipe.storage.weights import weights_sha256
 from rlpipe.training.checkpoint import (
-    ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, read_trainer_state, rng_state, set_rng_state,
+    ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, hf_checkpoint_tensors, read_trainer_state,
+    rng_state, set_rng_state,
 )
 from rlpipe.training.lora import merged_state_dict
 
@@ -30,54 +32,101 @@ class Saving:
         """The policy model the engine trains (peft-wrapped under LoRA)."""
         return self.engine.module
 
+    def policy_tensors(self) -> tuple[str, dict[str, torch.Tensor]]:
+        """The policy's weights as an engine takes them and ``save_pretrained`` writes them (HF names, tied copies
+        dropped, weight conversions reverted; under LoRA the merged weights), and their sha256: computed once per
+        update and kept until the next one (:meth:`PolicyTrainer.update` drops it). The tensors are the module's own
+        (no copy): an engine copies them in. Rank 0's; other ranks get the digest and an empty dict."""
+        if self._handoff is None:
+            if self.cfg.zero_stage == 3:  # each rank holds 1/N of every weight: all ranks gather them onto rank 0
+                raw = self.engine._zero3_consolidated_16bit_state_dict()
+            else:
+                raw = None if self.rank else (merged_state_dict(self.engine.module) if self.cfg.lora
+                                              else self.engine.module.state_dict())
+            tensors = hf_checkpoint_tensors(self._saved_model(), raw) if self.rank == 0 else {}
+            self._raw_state = raw  # what save_pretrained is given: it drops tied copies and reverts conversions itself
+            digest = weights_sha256(tensors) if self.rank == 0 else ""
+            if self.world > 1:
+                import torch.distributed as dist
+
+                box = [digest]
+                dist.broadcast_object_list(box, src=0)
+                digest = box[0]
+            self._handoff = (digest, tensors)
+        return self._handoff
+
+    def _saved_model(self) -> Any:
+        """The HF model whose checkpoint the engine holds: the base model under LoRA (its merged weights)."""
+        return self.engine.module.get_base_model() if self.cfg.lora else self.engine.module
+
     def export_weights(self, folder: str | Path, spare: Spare | str | Path | None = None) -> str:
-        """HF weights + tokenizer (rank 0); returns the sha256 of the saved safetensors (``weights_sha256``).
-        ``spare``: an earlier save point no longer needed, whose safetensors files are written over."""
+        """HF weights + tokenizer (rank 0); returns the sha256 of the weights written, which is
+        :meth:`policy_tensors`' (hashed once per update, from the tensors written). ``spare``: an earlier save point
+        no longer needed, whose safetensors files are written over."""
         folder = Path(folder)
-        # ZeRO-3: each rank holds 1/N of every weight; all ranks gather them layer by layer onto rank 0.
-        gathered = self.engine._zero3_consolidated_16bit_state_dict() if self.cfg.zero_stage == 3 else None
+        digest, _ = self.policy_tensors()
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            with RecyclingSafetensors(folder, Spare.of(spare)) as files:
-                if self.cfg.lora:  # the engine computes with the merged weights: a plain HF checkpoint of them
-                    self.engine.module.get_base_model().save_pretrained(
-                        folder, state_dict=merged_state_dict(self.engine.module), safe_serialization=True)
-                else:
-                    self.engine.module.save_pretrained(folder, state_dict=gathered, safe_serialization=True)
+            with RecyclingSafetensors(folder, Spare.of(spare)):
+                self._saved_model().save_pretrained(folder, state_dict=self._raw_state, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
-            digest = files.digest() or file_weights_sha256(folder)
-        else:
-            digest = ""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            box = [digest]
-            dist.broadcast_object_list(box, src=0)
-            digest = box[0]
         return digest
 
     def save(self, folder: str | Path, extra_state: dict[str, Any] | None = None, spare: str | Path | None = None) -> str:
         """A resumable checkpoint: HF weights + tokenizer + DeepSpeed optimizer state (+ the critic's) + trainer state.
         ``spare``: an earlier save point no longer needed, whose files are written over (RecyclingSafetensors for the
         weights, RecyclingWrites for DeepSpeed's)."""
-        folder, spare = Path(folder), Spare.of(spare)  # one Spare: this process's maps read once per save
-        digest = self.export_weights(folder, spare)
-        if self.cfg.lora and self.rank == 0:  # what a resume puts back on the start model's base weights
-            self.engine.module.save_pretrained(folder / ADAPTER, safe_serialization=True)
-        with _module_left_out(self.engine):  # the HF weights above are the module's: not written twice
-            _recycling(self.engine, folder, spare).save_checkpoint(str(folder / "deepspeed"), tag="state", save_latest=False)
-        if self.critic is not None:
-            _recycling(self.critic, folder, spare).save_checkpoint(str(folder / "critic"), tag="state", save_latest=False)
+        digest, write = self.plan_save(folder, extra_state, spare)
+        write()
+        return digest
+
+    def plan_save(self, folder: str | Path, extra_state: dict[str, Any] | None = None, spare: str | Path | None = None,
+                  midway: Callable[[], None] | None = None) -> tuple[str, Callable[[], None]]:
+        """A save in two halves: what must be taken now (the weights' hash, the trainer state, the RNG: the caller's
+        thread goes on using the RNG), and the writing, returned to run now or on another thread, while nothing
+        changes the weights or the optimizer (the next update waits for it). ``midway``: called between the HF
+        weights and the optimizer state (a test's kill point)."""
+        folder = Path(folder)
+        digest, _ = self.policy_tensors()
+        state: dict[str, Any] = {}
         if self.rank == 0:
             state = dict(self.state) | (extra_state or {}) | {"weights_sha256": digest, "world_size": self.world}
             if self.cfg.lora:  # the adapter's hash from memory: an engine fed adapter/ must read the same tensors
-                from peft import get_peft_model_state_dict
+                state |= {"lora_base": str(self.model_dir), "adapter_sha256": self.adapter_sha256()}
+        state = json.loads(json.dumps(state, default=str))  # a copy, as it is now
+        rng = rng_state()
 
-                state |= {"lora_base": str(self.model_dir),
-                          "adapter_sha256": weights_sha256(get_peft_model_state_dict(self.engine.module))}
-            (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))
-            torch.save(rng_state(), folder / "rng.pt")
-        return digest
+        def write() -> None:
+            the_spare = Spare.of(spare)  # one Spare: this process's maps read once per save
+            self.export_weights(folder, the_spare)
+            if self.cfg.lora and self.rank == 0:  # what a resume puts back on the start model's base weights
+                self.engine.module.save_pretrained(folder / ADAPTER, safe_serialization=True)
+            if midway is not None:
+                midway()
+            with _module_left_out(self.engine):  # the HF weights above are the module's: not written twice
+                _recycling(self.engine, folder, the_spare).save_checkpoint(str(folder / "deepspeed"), tag="state",
+                                                                           save_latest=False)
+            if self.critic is not None:
+                _recycling(self.critic, folder, the_spare).save_checkpoint(str(folder / "critic"), tag="state",
+                                                                           save_latest=False)
+            if self.rank == 0:  # last: a folder without it is no save point
+                torch.save(rng, folder / "rng.pt")
+                (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True))
+
+        return digest, write
+
+    def adapter_sha256(self) -> str:
+        """sha256 of the LoRA adapter's tensors, from memory (what an engine fed the adapter must have read)."""
+        from peft import get_peft_model_state_dict
+
+        return weights_sha256(get_peft_model_state_dict(self.engine.module))
+
+    def export_adapter(self, folder: str | Path) -> str:
+        """Only the LoRA adapter (peft's layout, megabytes), for an engine that serves the start weights with it;
+        returns its :meth:`adapter_sha256`."""
+        if self.rank == 0:
+            self.engine.module.save_pretrained(Path(folder), safe_serialization=True)
+        return self.adapter_sha256()
 
     def _load_state(self, folder: Path) -> None:
         saved = read_trainer_state(folder)

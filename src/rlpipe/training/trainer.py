@@ -71,6 +71,8 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         self.agg_constant = self.cfg.loss_agg_constant or self.max_new_tokens
         if self.parts["loss_agg_mode"] == "constant" and not self.agg_constant:
             raise ValueError("loss_agg_mode 'constant' needs train.loss_agg_constant (or the rollout's max_new_tokens)")
+        self._handoff: tuple[str, dict[str, torch.Tensor]] | None = None  # policy_tensors(), until the next update
+        self._raw_state: dict[str, torch.Tensor] | None = None
         torch.manual_seed(self.seed)
         # LoRA: the base weights are the start model's, the adapter a save point's (its merged weights are the
         # engine's, not a base to put the adapter on again).
@@ -208,6 +210,7 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
 
         A mini-batch whose loss or gradient is not finite is skipped (no parameter or optimizer-state
         change) and counted in ``nonfinite_steps``."""
+        self._handoff = None  # the weights change: the next policy_tensors() hashes them anew
         valid = [s for s in samples if s.valid]
         metrics: dict[str, float] = {"samples": len(samples), "samples_excluded": len(samples) - len(valid)}
         if not valid:
