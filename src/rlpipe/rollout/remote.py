@@ -1,24 +1,28 @@
 """Rollout engines behind HTTP (``rlpipe serve rollout``), driven through the same :class:`RolloutEngine`
 interface as an in-process engine, so that one iteration flow serves both.
 
-:class:`RemoteEngine` is one replica. Weights reach it only through the object store: ``load_weights``
-uploads the folder's ``*.safetensors`` to ``runs/<run>/weights/<sha256[:16]>/`` and asks the replica to
-load them with their expected hash, which it checks before and after the reload; once every replica
-holds them, the earlier uploads are deleted.
+:class:`RemoteEngine` is one replica. The trainer's weights reach it over HTTP, with no object store between:
+``load_tensors`` cuts them into safetensors buckets (:mod:`rlpipe.rollout.weight_stream`) and streams them to
+the replica's ``/weights/stream/…`` endpoints with their sha256, which the replica checks on what it received
+before the reload (the transfer's proof) and the engine's read-back checks after. ``load_weights(folder)``
+reads the folder and streams the same way. ``load_uri`` remains for weights already in the run's store (the
+trainer service's upload): the replica downloads those itself.
 :class:`ReplicatedEngine` splits the prompts of a request across replicas in consecutive blocks (prompt ``i`` keeps
-the seed ``seed + i`` it has in-process on vLLM) and moves a dead replica's share to the live ones.
+the seed ``seed + i`` it has in-process on vLLM) and moves a dead replica's share to the live ones. It encodes
+the buckets of a weight sync once and streams them to every live replica in parallel.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rlpipe import http_client
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.rollout.weight_stream import DEFAULT_BUCKET_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,7 @@ class ReplicaDown(ConnectionError):
 
 
 def upload_weights(store: Any, run_id: str, folder: str | Path) -> tuple[str, str]:
-    """The folder's weights in the store (once per content): (their URI, their sha256)."""
+    """The folder's weights in the store (once per content): (their URI, their sha256), for ``load_uri``."""
     from rlpipe.storage.weights import file_weights_sha256
 
     sha = file_weights_sha256(folder)
@@ -42,11 +46,23 @@ def upload_weights(store: Any, run_id: str, folder: str | Path) -> tuple[str, st
     return store.url(key), sha
 
 
+def _read_folder(folder: str | Path) -> tuple[dict[str, Any], str]:
+    """A folder's ``*.safetensors`` tensors and their sha256; FileNotFoundError where it holds none."""
+    from rlpipe.storage.weights import load_safetensors_folder, weights_sha256
+
+    tensors = load_safetensors_folder(folder)
+    if not tensors:
+        raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
+    return tensors, weights_sha256(tensors)
+
+
 class RemoteEngine:
     """One rollout replica at ``url``."""
 
-    def __init__(self, url: str, store: Any, run_id: str, timeout_s: float = 600.0):
+    def __init__(self, url: str, store: Any, run_id: str, timeout_s: float = 600.0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         self.url, self.store, self.run_id, self.timeout_s = url.rstrip("/"), store, run_id, timeout_s
+        self.bucket_bytes = bucket_bytes
         self.name = f"rollout@{self.url}"
         h = self.health()
         self._dtype, self._sha = str(h["dtype"]), str(h["version"])
@@ -63,11 +79,21 @@ class RemoteEngine:
             raise ReplicaDown(f"rollout replica {self.url}: /health answered HTTP {r.status_code}")
         return r.json()
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._request("POST", path, json=body)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """The answer of one request; ReplicaDown when the replica does not answer, fails (5xx) or is full (429),
+        ValueError when it refuses the request itself (another 4xx)."""
         import httpx
 
         try:
-            r = http_client.post("rollout", f"{self.url}{path}", json=body, timeout=self.timeout_s)
+            if method == "POST":
+                r = http_client.post("rollout", f"{self.url}{path}", timeout=self.timeout_s, **kwargs)
+            else:  # a bucket: the service's token, not counted as a call of its own
+                token = http_client.service_token("rollout")
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                r = httpx.request(method, f"{self.url}{path}", headers=headers, timeout=self.timeout_s, **kwargs)
         except httpx.HTTPError as e:
             raise ReplicaDown(f"rollout replica {self.url}{path}: {type(e).__name__}: {e}") from None
         if r.status_code >= 500 or r.status_code == 429:
@@ -88,11 +114,28 @@ class RemoteEngine:
         return self._post("/logprobs", {"prompts": prompts, "continuations": continuations})["logprobs"]
 
     def load_weights(self, folder: str | Path) -> str:
-        uri, sha = upload_weights(self.store, self.run_id, folder)
-        return self.load_uri(uri, sha)
+        """The folder's ``*.safetensors`` streamed to the replica (hashed once here)."""
+        return self.load_tensors(*_read_folder(folder))
+
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
+        """``tensors`` (hashed by the caller: ``sha256``) streamed to the replica in buckets; the version it holds."""
+        from rlpipe.rollout.weight_stream import encode_buckets
+
+        return self.send_buckets(encode_buckets(tensors, self.bucket_bytes), sha256)
+
+    def send_buckets(self, buckets: list[bytes], sha256: str) -> str:
+        """Encoded buckets to the replica: begin, one PUT per bucket, commit; the version it then holds."""
+        stream = self._post("/weights/stream/begin", {"sha256": sha256, "buckets": len(buckets),
+                                                      "bytes": sum(len(b) for b in buckets)})["stream"]
+        for k, data in enumerate(buckets):
+            self._request("PUT", f"/weights/stream/{stream}/{k}", content=data)
+        return self._loaded(self._post(f"/weights/stream/{stream}/commit"))
 
     def load_uri(self, uri: str, sha: str) -> str:
-        got = self._post("/weights", {"uri": uri, "sha256": sha})
+        """The weights already in the run's store under ``uri``, downloaded by the replica itself."""
+        return self._loaded(self._post("/weights", {"uri": uri, "sha256": sha}))
+
+    def _loaded(self, got: dict[str, Any]) -> str:
         self._sha, self.last_readback = got["version"], int(got.get("tensors", 0))
         return self._sha
 
@@ -129,11 +172,15 @@ class ReplicatedEngine:
         self.dead.add(replica.url)
 
     def _each(self, call: Callable[[RemoteEngine], Any]) -> dict[str, Any]:
-        """``call``'s answer from every live replica, by URL; one that is down is left out from then on."""
+        """``call``'s answer from every live replica (called in parallel), by URL in the replicas' order; one that
+        is down is left out from then on."""
+        live = self.live()
+        with ThreadPoolExecutor(len(live)) as pool:
+            futs = [(replica, pool.submit(call, replica)) for replica in live]
         out = {}
-        for replica in self.live():
+        for replica, fut in futs:
             try:
-                out[replica.url] = call(replica)
+                out[replica.url] = fut.result()
             except ReplicaDown as e:
                 self._down(replica, e)
         return out
@@ -183,27 +230,27 @@ class ReplicatedEngine:
         return self.sequence_logprobs(prompts, continuations)  # raises: none left
 
     def load_weights(self, folder: str | Path) -> str:
-        uri, sha = upload_weights(self.live()[0].store, self.live()[0].run_id, folder)
-        held = self.load_uri(uri, sha)
-        self._prune(uri)
-        return held
+        """The folder's ``*.safetensors`` streamed to every live replica (read and hashed once here)."""
+        return self.load_tensors(*_read_folder(folder))
+
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
+        """``tensors`` encoded once and streamed to every live replica in parallel; the version they all hold."""
+        from rlpipe.rollout.weight_stream import encode_buckets
+
+        buckets = encode_buckets(tensors, self.live()[0].bucket_bytes)
+        return self._same(self._each(lambda replica: replica.send_buckets(buckets, sha256)))
 
     def load_uri(self, uri: str, sha: str) -> str:
         """Every live replica loads the weights under ``uri`` (checked against ``sha``); the version they hold."""
-        held = self._each(lambda replica: replica.load_uri(uri, sha))
+        return self._same(self._each(lambda replica: replica.load_uri(uri, sha)))
+
+    def _same(self, held: dict[str, str]) -> str:
+        """The one version every replica that answered holds after a reload."""
         if not held:
             self.live()  # raises: every replica is down
         if len(set(held.values())) != 1:
             raise WeightSyncError(f"rollout replicas hold different weights after the reload: {held}")
         return next(iter(held.values()))
-
-    def _prune(self, current_uri: str) -> None:
-        """Every replica holds the new weights: the earlier uploads are nobody's any more."""
-        store = self.replicas[0].store
-        current = store.key_of(current_uri)
-        prefix = current.rsplit("/", 1)[0]
-        for old in {"/".join(k.split("/")[:4]) for k in store.list(prefix)} - {current}:
-            store.delete(old)
 
     def probe_each(self, prompts: list[list[int]], continuations: list[list[int]]) -> dict[str, list[list[float]]]:
         """Every live replica's log-probs on the probe: each one's sync is proven, not only the first's."""

@@ -13,8 +13,10 @@ and compares it with the sender's, which is the proof that the transfer was whol
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the caller that has tensors; importing this module stays light
+    import torch
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "decode_buckets", "encode_buckets", "split_buckets"]
 

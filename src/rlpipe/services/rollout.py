@@ -10,6 +10,18 @@ Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is se
   POST /weights   {"uri", "sha256"} → {"version", "load_s", "tensors"}: loads the *.safetensors under
                   ``uri`` — which must lie under ``runs/`` of the service's own object store — checks
                   their sha256 before and the engine's read-back after, and reloads in place.
+  The trainer's weights streamed in buckets (:mod:`rlpipe.rollout.weight_stream`), no object store between:
+  POST /weights/stream/begin {"sha256", "buckets", "bytes"} → {"stream", "max_bytes"}: opens a stream of
+                  ``buckets`` bodies of ``bytes`` bytes in all (413 beyond ``max_stream_bytes``). One stream at
+                  a time: a begin drops the stream still open, if any (a sender that died mid-stream must not
+                  lock the next sync out; the one writer is the run's weight sync).
+  PUT  /weights/stream/{stream}/{k}  raw body: bucket k's safetensors bytes (422 for k out of range, 413 when
+                  the bodies would exceed the declared bytes, 404 for a stream that is not the open one; a
+                  bucket sent again replaces the earlier body).
+  POST /weights/stream/{stream}/commit → {"version", "load_s", "tensors"}: 422 while buckets are missing (the
+                  stream stays open to take them); else the stream closes, its tensors are decoded and
+                  hashed — a hash other than the declared sha256 is 422 and the engine keeps its weights —
+                  and the engine reloads them in place (its read-back checked, as for /weights).
   GET  /stats, /metrics (Prometheus text)
 
 The engine runs one request at a time; up to ``max_queue`` more wait for their turn (429 beyond that),
@@ -23,34 +35,69 @@ import contextlib
 import json
 import logging
 import queue
+import secrets
 import tempfile
 import threading
 import time
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from pydantic import BaseModel, Field
 
-from rlpipe.rollout.base import Completion, RolloutEngine, SamplingConfig
+from rlpipe.rollout.base import Completion, RolloutEngine, SamplingConfig, WeightSyncError
 from rlpipe.services._common import Counters, queue_full, run_service, service_app
 
 log = logging.getLogger(__name__)
 
 MAX_PROMPTS = 2048
 MAX_N = 64
+MAX_BUCKETS = 1 << 16
+# The stream bound when the model folder holds no *.safetensors to size it by.
+FALLBACK_STREAM_BYTES = 32 << 30
+
+
+class TooLarge(ValueError):
+    """More bytes than a weight stream may hold (HTTP 413)."""
+
+
+@dataclass
+class WeightStream:
+    """An open weight stream: what was declared and the bucket bodies received so far."""
+
+    id: str
+    sha256: str
+    n_buckets: int
+    bytes: int
+    received: dict[int, bytes] = field(default_factory=dict)
+
+    def room(self, k: int) -> int:
+        """The most bytes bucket ``k`` may have: the declared total less the other buckets'."""
+        return self.bytes - sum(len(b) for j, b in self.received.items() if j != k)
+
+
+def _stream_limit(model_dir: str | Path) -> int:
+    """4× the checkpoint's weight bytes (a trainer in fp32 sends twice a bf16 checkpoint's; the rest is margin)."""
+    size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    return 4 * size if size else FALLBACK_STREAM_BYTES
 
 
 class RolloutService:
     """An engine, the weights it holds, and the turn-taking in front of it."""
 
     def __init__(self, engine: RolloutEngine, model_dir: str | Path, store: Any, max_model_len: int = 256,
-                 max_queue: int = 8, request_timeout_s: float = 300.0):
+                 max_queue: int = 8, request_timeout_s: float = 300.0, max_stream_bytes: int | None = None):
+        """``max_stream_bytes``: the most bytes a weight stream may declare (default: 4× the weight bytes of
+        ``model_dir``'s *.safetensors, or 32 GiB when it holds none)."""
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         self.engine, self.store, self.max_model_len = engine, store, max_model_len
         self.vocab = int(cfg["vocab_size"])
         self.max_queue, self.request_timeout_s = max_queue, request_timeout_s
         self._turn, self._count = threading.Lock(), threading.Lock()
         self._waiting = 0
+        self.max_stream_bytes = max_stream_bytes or _stream_limit(model_dir)
+        self._stream: WeightStream | None = None
+        self._stream_lock = threading.Lock()
         self.stats = Counters("requests", "rejected", "errors", "timeouts", "unauthorized", "items", "tokens",
                               "weight_loads", window=4096)
 
@@ -87,7 +134,6 @@ class RolloutService:
     def load(self, uri: str, sha256: str) -> dict[str, Any]:
         """The weights under ``uri`` into the engine: PermissionError outside ``runs/`` of this store,
         LookupError when no weights are there, ValueError when their hash is not ``sha256``."""
-        from rlpipe.rollout.base import WeightSyncError
         from rlpipe.storage.weights import file_weights_sha256
 
         key = self.store.key_of(uri) if "://" in uri or uri.startswith("/") else uri.strip("/")
@@ -105,11 +151,77 @@ class RolloutService:
             if got != sha256:
                 raise ValueError(f"{self.store.url(key)} holds weights {got[:12]}, the request expects {sha256[:12]}")
             held = self.engine.load_weights(tmp)
+        return self._reloaded(held, sha256, start)
+
+    def _reloaded(self, held: str, sha256: str, start: float) -> dict[str, Any]:
+        """The answer to a weight load, once the engine reports the version it was sent."""
         if held != sha256:
             raise WeightSyncError(f"the engine holds {held[:12]} after the reload, not {sha256[:12]}")
         self.stats.add(weight_loads=1)
         return {"version": held, "load_s": time.perf_counter() - start,
                 "tensors": float(getattr(self.engine, "last_readback", 0))}
+
+    def begin_stream(self, sha256: str, buckets: int, nbytes: int) -> dict[str, Any]:
+        """Open a weight stream (dropping the one still open); TooLarge beyond ``max_stream_bytes``."""
+        if nbytes > self.max_stream_bytes:
+            raise TooLarge(f"bytes={nbytes}: a weight stream here holds at most {self.max_stream_bytes} bytes "
+                           "(max_stream_bytes, 4× the served checkpoint's weights by default); is this the right model?")
+        stream = WeightStream(secrets.token_hex(8), sha256, buckets, nbytes)
+        with self._stream_lock:
+            if self._stream is not None:
+                log.warning("weight stream %s dropped with %d of %d buckets: a new stream begins", self._stream.id,
+                            len(self._stream.received), self._stream.n_buckets)
+            self._stream = stream
+        return {"stream": stream.id, "max_bytes": self.max_stream_bytes}
+
+    def _open(self, stream_id: str, k: int | None = None) -> WeightStream:
+        """The open stream if it is ``stream_id`` (LookupError else) and ``k`` one of its buckets (ValueError
+        else); the caller holds ``_stream_lock``."""
+        s = self._stream
+        if s is None or s.id != stream_id:
+            raise LookupError(f"weight stream {stream_id} is not open (a later begin, or its commit, closed it): "
+                              "begin a new one with POST /weights/stream/begin")
+        if k is not None and not 0 <= k < s.n_buckets:
+            raise ValueError(f"bucket {k} is out of range: stream {stream_id} declared buckets 0..{s.n_buckets - 1}")
+        return s
+
+    def bucket_room(self, stream_id: str, k: int) -> int:
+        """The most bytes bucket ``k`` of the open stream may have."""
+        with self._stream_lock:
+            return self._open(stream_id, k).room(k)
+
+    def put_bucket(self, stream_id: str, k: int, data: bytes) -> None:
+        with self._stream_lock:
+            s = self._open(stream_id, k)
+            if len(data) > s.room(k):
+                raise TooLarge(f"bucket {k}: {len(data)} bytes exceed what stream {stream_id} declared "
+                               f"({s.bytes} bytes in all, {s.room(k)} left for this bucket)")
+            s.received[k] = data
+
+    def take_stream(self, stream_id: str) -> tuple[str, dict[str, Any]]:
+        """Close the open stream and return (its sha256, its tensors), proven whole: ValueError while buckets
+        are missing (the stream stays open) or when the tensors' hash is not the declared one (it closes)."""
+        from rlpipe.rollout.weight_stream import decode_buckets
+        from rlpipe.storage.weights import weights_sha256
+
+        with self._stream_lock:
+            s = self._open(stream_id)
+            missing = [k for k in range(s.n_buckets) if k not in s.received]
+            if missing:
+                raise ValueError(f"weight stream {stream_id}: buckets {missing[:5]} of {s.n_buckets} are missing; "
+                                 "PUT them, then commit again")
+            self._stream = None
+        tensors = decode_buckets(s.received[k] for k in range(s.n_buckets))
+        s.received.clear()
+        got = weights_sha256(tensors)
+        if got != s.sha256:
+            raise ValueError(f"weight stream {stream_id}: the buckets hold weights {got[:12]}, the stream declared "
+                             f"{s.sha256[:12]}; nothing was loaded (the engine keeps {self.engine.weights_sha256()[:12]})")
+        return s.sha256, tensors
+
+    def load_streamed(self, sha256: str, tensors: dict[str, Any], start: float) -> dict[str, Any]:
+        """The proven tensors of a stream into the engine, in place."""
+        return self._reloaded(self.engine.load_tensors(tensors, sha256), sha256, start)
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "engine": self.engine.name, "dtype": self.engine.dtype,
@@ -150,6 +262,12 @@ class WeightsRequest(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=3600)
 
 
+class StreamBegin(BaseModel):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The weights' sha256 (rlpipe's tensor hash), the transfer's proof.")
+    buckets: int = Field(ge=1, le=MAX_BUCKETS, description="How many buckets (PUT bodies) the stream has.")
+    bytes: int = Field(ge=1, description="The bodies' bytes in all.")
+
+
 def _completion(c: Completion) -> dict[str, Any]:
     return {"token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text, "finish_reason": c.finish_reason}
 
@@ -171,7 +289,7 @@ def _served(service: RolloutService, timeout_s: float | None) -> Iterator[None]:
         raise HTTPException(status_code=504, detail=f"the engine was busy for {timeout_s or service.request_timeout_s:g} s; "
                             "retry, raise timeout_s, or add a replica") from None
     except (ValueError, PermissionError, LookupError) as e:
-        raise HTTPException(status_code={PermissionError: 403, LookupError: 404}.get(type(e), 422), detail=str(e)) from None
+        raise _refusal(e) from None
     except HTTPException:
         raise
     except Exception as e:  # noqa: BLE001 - the engine failed on this request; the service goes on
@@ -179,6 +297,22 @@ def _served(service: RolloutService, timeout_s: float | None) -> Iterator[None]:
         log.exception("rollout service: request failed")
         raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from None
     service.stats.latency(time.perf_counter() - start)
+
+
+def _refusal(e: Exception):
+    """The 4xx of a request the service cannot take, with the reason."""
+    from fastapi import HTTPException
+
+    return HTTPException(status_code={PermissionError: 403, LookupError: 404, TooLarge: 413}.get(type(e), 422), detail=str(e))
+
+
+@contextlib.contextmanager
+def _refused() -> Iterator[None]:
+    """A request that needs no engine turn: its ValueError, PermissionError or LookupError as a 4xx."""
+    try:
+        yield
+    except (ValueError, PermissionError, LookupError) as e:
+        raise _refusal(e) from None
 
 
 def create_app(service: RolloutService, token: str | None = None):
@@ -209,10 +343,48 @@ def create_app(service: RolloutService, token: str | None = None):
         with _served(service, req.timeout_s):
             return service.load(req.uri, req.sha256)
 
+    _stream_endpoints(app, service)
     return app
 
 
+def _stream_endpoints(app: Any, service: RolloutService) -> None:
+    """/weights/stream/…: begin, a PUT per bucket, commit (see the module docstring)."""
+    from fastapi.responses import JSONResponse
+
+    @app.post("/weights/stream/begin")
+    def stream_begin(req: StreamBegin) -> dict[str, Any]:
+        with _refused():
+            return service.begin_stream(req.sha256, req.buckets, req.bytes)
+
+    async def stream_bucket(request: Any) -> Any:
+        """A plain Starlette route: the raw body, read up to the room the stream has left, never more."""
+        stream_id, k = request.path_params["stream_id"], request.path_params["k"]
+        with _refused():
+            room = service.bucket_room(stream_id, k)
+            if int(request.headers.get("content-length") or 0) > room:
+                raise TooLarge(f"bucket {k}: {request.headers['content-length']} bytes exceed the {room} bytes "
+                               f"stream {stream_id} has left for it")
+            data = bytearray()
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > room:
+                    raise TooLarge(f"bucket {k}: more than the {room} bytes stream {stream_id} has left for it")
+            service.put_bucket(stream_id, k, bytes(data))
+        return JSONResponse({"stream": stream_id, "bucket": k, "bytes": len(data)})
+
+    app.add_route("/weights/stream/{stream_id}/{k:int}", stream_bucket, methods=["PUT"])
+
+    @app.post("/weights/stream/{stream_id}/commit")
+    def stream_commit(stream_id: str) -> dict[str, Any]:
+        start = time.perf_counter()
+        with _refused():  # decoded and hashed before the engine's turn: generation goes on meanwhile
+            sha, tensors = service.take_stream(stream_id)
+        with _served(service, None):
+            return service.load_streamed(sha, tensors, start)
+
+
 def serve(engine: RolloutEngine, model_dir: str | Path, store: Any, host: str = "127.0.0.1", port: int = 8768,
-          max_model_len: int = 256, max_queue: int = 8, request_timeout_s: float = 300.0) -> None:
-    service = RolloutService(engine, model_dir, store, max_model_len, max_queue, request_timeout_s)
+          max_model_len: int = 256, max_queue: int = 8, request_timeout_s: float = 300.0,
+          max_stream_bytes: int | None = None) -> None:
+    service = RolloutService(engine, model_dir, store, max_model_len, max_queue, request_timeout_s, max_stream_bytes)
     run_service(create_app(service), service, host, port)
