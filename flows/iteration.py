@@ -22,9 +22,6 @@ from tasks.tracking import lora_tags, register_checkpoint
 # growth, reward hacking), and a constant, so an alert check late in a run costs what an early one costs.
 ALERT_HISTORY = 200
 
-def _due(iteration: int, every: int, last: int) -> bool:
-    return (iteration + 1) % every == 0 or iteration == last
-
 
 # Its parameters come from the rl-train flow, already typed and validated (RunConfig is validated once, at the
 # run's start): Prefect's validation of them would redo that work at every call.
@@ -52,11 +49,13 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     with mon.stage("sync"):
         s = sync_weights(config, run_id, iteration, u)
     ev, val = None, None
-    if _due(iteration, config.train.eval_interval, last):
+    if (iteration + 1) % config.train.eval_interval == 0 or iteration == last:
         with mon.stage("eval"):
             ev, val = evaluate(config, run_id, "test"), evaluate(config, run_id, "validation")
+    if config.rollout.prefetch and iteration < last:  # the next batch, on-policy, while this flow run ends
+        prefetch_rollout(config, run_id, iteration + 1)
     registered = None
-    save_point = _due(iteration, config.train.save_interval, last)
+    save_point = config.train.save_point(iteration)
     if save_point:
         with mon.stage("save"):
             ck = upload_checkpoint(config, run_id, iteration, u).as_dict()
@@ -66,8 +65,6 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         fault_point(iteration, "register")
     metrics = iteration_metrics(draws, u, s, ev, val, time.perf_counter() - start, nxt, waited)
     metrics |= mon.metrics(mark) | http_client.drain()
-    if config.rollout.prefetch and iteration < last:  # the next batch, on-policy, while this flow run ends
-        prefetch_rollout(config, run_id, iteration + 1)
     fired = _alerts(ctx, iteration, metrics)
     _log_tracking(ctx, mlflow_run_id, iteration, metrics, fired, ev)
     _record(ctx, progress, iteration, draws, metrics, u, ev, val, registered, save_point)
@@ -141,12 +138,11 @@ def _alerts(ctx: RunContext, iteration: int, metrics: dict[str, float]) -> list:
 def _record(ctx: RunContext, progress: Progress, iteration: int, draws: list[tuple[RolloutDone, VerifyDone]],
             metrics: dict[str, float], u: UpdateDone, ev: dict[str, Any] | None, val: dict[str, Any] | None,
             registered: dict[str, Any] | None, save_point: bool) -> None:
-    """The iteration's line in ``progress`` (as the iteration began); at a save point the store's record first,
-    then this machine's."""
+    """The iteration's line in ``progress`` (as the iteration began). At a save point the store's record first,
+    then this machine's resume record (``resume.json``: what a resume continues from), then its progress."""
     ctx.folder.history.add(iteration, metrics)  # appended: the cost does not grow with the run
     norm = next((dv.reward_norm for _, dv in reversed(draws) if dv.reward_norm is not None), progress.reward_norm)
-    progress = progress.but(reward_norm=norm, completed_iteration=iteration, resume_dir=u.state_dir,
-                            weights_sha256=u.weights_sha256,
+    progress = progress.but(reward_norm=norm, completed_iteration=iteration, weights_sha256=u.weights_sha256,
                             last_registered=registered["version"] if registered else progress.last_registered)
     if ev:
         progress = progress.but(final_accuracy=ev["accuracy"], final_true_score=ev["true_score"],
@@ -155,6 +151,8 @@ def _record(ctx: RunContext, progress: Progress, iteration: int, draws: list[tup
     if val:
         progress = progress.but(final_validation_accuracy=val["accuracy"])
     if save_point:
-        progress = ctx.state.save_point(progress)
+        progress = ctx.state.save_point(progress.but(resume_dir=u.state_dir))
+        ctx.folder.write_resume(progress)
     ctx.folder.write_progress(progress)
-    ctx.folder.prune_states(keep=u.state_dir)
+    if progress.resume_dir:  # a trainer service's state of every iteration, or the save point before this one
+        ctx.folder.prune_states(keep=progress.resume_dir)

@@ -32,14 +32,17 @@ from tasks.tracking import end_tracking, log_artifact, log_metrics, start_tracki
 
 
 def _resume_point(ctx: RunContext, dataset_version: str, allow_change: bool) -> tuple[Progress, list[str]]:
-    """The progress to continue from: this machine's when its state is intact, else the object store's
-    last save point (its state downloaded), whichever is further along; an empty one for a new run."""
+    """The progress to continue from: this machine's last save point when its state is intact (``resume.json``;
+    a run from before it kept a state per iteration, named in ``progress.json``), else the object store's last
+    save point (its state downloaded), whichever is further along; an empty one for a new run. The iterations
+    done after that save point are redone (their stored batches reused where the policy matches), and said so."""
     from rlpipe.resume import ResumeRefused, check_resume
 
     state, log, run_id = ctx.state, run_logger(), ctx.run_id
-    local, saved = state.read_local(), state.read_saved()
+    latest, saved = state.read_local(), state.read_saved()
+    local = ctx.folder.read_resume() or latest
     options = []
-    if local and local.completed_iteration >= 0 and state.local_state_ok(local):
+    if local and local.started and state.local_state_ok(local):
         options.append((local.completed_iteration, 1, local))
     elif local and local.completed_iteration >= 0:
         log.warning("run %s: the local state of iteration %d is missing or differs from its record; using the "
@@ -47,21 +50,26 @@ def _resume_point(ctx: RunContext, dataset_version: str, allow_change: bool) -> 
     if saved:
         options.append((saved.completed_iteration, 0, saved))
     if not options:
-        if local and local.completed_iteration >= 0:  # never a silent restart from 0
+        if latest and latest.completed_iteration >= 0:  # never a silent restart from 0
             raise ResumeRefused(
-                f"run {run_id} completed iteration {local.completed_iteration}, but its state is gone from this "
+                f"run {run_id} completed iteration {latest.completed_iteration}, but its state is gone from this "
                 f"machine and {state.store.url('')} holds no save point; start a new --run-id")
-        progress = local or Progress()
-        return progress, check_resume(progress, ctx.config, dataset_version, allow_change) if local else []
+        progress = latest or Progress()
+        return progress, check_resume(progress, ctx.config, dataset_version, allow_change) if latest else []
     k, where, progress = max(options, key=lambda o: (o[0], o[1]))
     changes = check_resume(progress, ctx.config, dataset_version, allow_change)
     if where == 0:  # from the store: this machine has no (or older) state
         folder = state.fetch_state(progress, ctx.folder.state_dir(k))
         progress = state.fetch_history(progress).but(resume_dir=str(folder))
-        state.write_local(progress)
+    elif progress is not latest:  # this machine's last save point: its history as it was then
+        ctx.folder.history.replace(ctx.folder.history.bytes_from(0)[:progress.history_bytes])
+    state.write_local(progress)
+    ctx.folder.write_resume(progress)
     progress = state.history_out_of_progress(progress)
-    log.info("resuming run %s after iteration %d from %s (%s)", run_id, k, progress.resume_dir,
-             "this machine" if where else state.store.url(progress.resume_state))
+    done = latest.completed_iteration if latest else k
+    log.info("resuming run %s after iteration %d from %s (%s)%s", run_id, k, progress.resume_dir or "the start policy",
+             "this machine" if where else state.store.url(progress.resume_state),
+             f"; iterations {k + 1}..{done} (done after that save point) are redone" if done > k else "")
     return progress, changes
 
 
@@ -119,12 +127,14 @@ def _evaluate_base(ctx: RunContext, mlflow_run: str, progress: Progress, started
     """The start policy on the held-out and validation splits: the run's baseline, recorded before any update."""
     config, run_id = ctx.config, ctx.run_id
     base, val = evaluate(config, run_id, "test"), evaluate(config, run_id, "validation")
-    ctx.folder.write_progress(progress.but(
+    progress = progress.but(
         base_accuracy=base["accuracy"], base_validation_accuracy=val["accuracy"], base_policy=base["policy_version"],
         heldout_n=base["n"], dataset_version=dataset_version, config_fingerprint=ctx.fingerprint,
         resume_fingerprint=ctx.resume_fingerprint, config=config.flat(), reward_model_version=started.reward_model_version,
         base_true_score=base["true_score"], base_rm_score=base["rm_score"], base_mean_steps=base.get("mean_steps"),
-        base_tool_calls_per_episode=base.get("tool_calls_per_episode")))
+        base_tool_calls_per_episode=base.get("tool_calls_per_episode"))
+    ctx.folder.write_progress(progress)
+    ctx.folder.write_resume(progress)  # a resume before the first save point starts here (the start policy)
     log_metrics(config, mlflow_run, {"heldout_accuracy": base["accuracy"], "validation_accuracy": val["accuracy"]}, -1)
     if mlflow_run and base.get("samples"):  # the base policy's generations: iteration -1 of the table
         ctx.tracker.log_table(mlflow_run, [{"iteration": -1} | x for x in base["samples"]], "generations.json")

@@ -152,6 +152,7 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[Ver
     extra_state = {"iteration": iteration, "run_id": run_id, "config_fingerprint": ctx.fingerprint}
     if getattr(svc.trainer, "remote", False):
         return _remote_update(ctx, svc, iteration, verify_refs, extra_state)
+    save_wait_s = svc.join_save()  # the last save point's state must be whole before the weights change
     start = time.perf_counter()
     tables = [ctx.store.read_stage(ref.prefix, schema=TRAJECTORY_SCHEMA) for ref in verify_refs]
     read_s = time.perf_counter() - start
@@ -167,14 +168,41 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[Ver
     update_s = time.perf_counter() - start
     _check_update(config, iteration, metrics, len(tables))
     start = time.perf_counter()
+    digest, _ = svc.trainer.policy_tensors()  # hashed once: the sync and the save point use this hash
+    metrics |= {"trainer/hash_s": time.perf_counter() - start, "trainer/save_wait_s": save_wait_s}
+    start = time.perf_counter()
+    folder = _save_point(ctx, svc, iteration, extra_state) if config.train.save_point(iteration) else None
+    adapter = _adapter_handoff(ctx, svc)
+    save_s = time.perf_counter() - start
+    fault_point(iteration, "update")
+    return UpdateDone(metrics=metrics, update_s=update_s, save_s=save_s, read_s=read_s, weights_sha256=digest,
+                      state_dir=folder and str(folder), adapter_dir=adapter and adapter[0],
+                      adapter_sha256=adapter and adapter[1])
+
+
+def _save_point(ctx: RunContext, svc: RunServices, iteration: int, extra_state: dict[str, Any]) -> Path:
+    """Save point ``iteration``'s resumable state, written here or on a thread (train.async_save, one rank): the
+    hash, the trainer state and the RNG are taken now, the files are written while the sync, the evaluation and
+    the next batch's generation go on. A folder is a save point only once the progress records it."""
     folder = ctx.folder.state_dir(iteration)
     if folder.exists():
         shutil.rmtree(folder)
-    digest = svc.trainer.save(folder, extra_state=extra_state, spare=ctx.folder.spare_state_dir)
-    save_s = time.perf_counter() - start
-    fault_point(iteration, "update")
-    return UpdateDone(metrics=metrics, update_s=update_s, save_s=save_s, read_s=read_s, state_dir=str(folder),
-                      weights_sha256=digest)
+    _, write = svc.trainer.plan_save(folder, extra_state=extra_state, spare=ctx.folder.spare_state_dir,
+                                     midway=lambda: fault_point(iteration, "save"))
+    if ctx.config.train.async_save and svc.trainer.world == 1:
+        svc.save_in_background(iteration, str(folder), write)
+    else:
+        write()
+    return folder
+
+
+def _adapter_handoff(ctx: RunContext, svc: RunServices) -> tuple[str, str] | None:
+    """An engine started for adapter syncs takes only the adapter, from a folder (vLLM reads LoRA adapters from
+    disk): written each update to one scratch folder of the run, megabytes; (folder, its hash), else None."""
+    if not getattr(svc.engine, "lora_rank", None):
+        return None
+    folder = ctx.folder.path / "adapter-handoff"
+    return str(folder), svc.trainer.export_adapter(folder)
 
 
 def _remote_update(ctx: RunContext, svc: RunServices, iteration: int, verify_refs: list[VerifyDone],
@@ -190,11 +218,16 @@ def _remote_update(ctx: RunContext, svc: RunServices, iteration: int, verify_ref
     start = time.perf_counter()
     folder = svc.trainer.fetch_weights(out["state_prefix"], out["weights_sha256"], ctx.folder.state_dir(iteration))
     fetch_s = time.perf_counter() - start
+    adapter = None
+    if getattr(svc.engine, "lora_rank", None):  # an adapter engine takes only the adapter the service saved
+        from rlpipe.training.checkpoint import ADAPTER, read_trainer_state
+
+        adapter = (str(Path(folder) / ADAPTER), read_trainer_state(folder)["adapter_sha256"])
     fault_point(iteration, "update")
     metrics = metrics | {"trainer/upload_s": out["upload_s"], "trainer/fetch_s": fetch_s, "trainer/world": float(svc.trainer.world)}
     return UpdateDone(metrics=metrics, update_s=out["update_s"], save_s=out["save_s"] + out["upload_s"],
                       read_s=out["read_s"], state_dir=str(folder), weights_sha256=out["weights_sha256"],
-                      state_uri=out["state_uri"])
+                      state_uri=out["state_uri"], adapter_dir=adapter and adapter[0], adapter_sha256=adapter and adapter[1])
 
 
 def _check_update(config: RunConfig, iteration: int, metrics: dict[str, float], draws: int) -> None:
@@ -207,14 +240,12 @@ def _check_update(config: RunConfig, iteration: int, metrics: dict[str, float], 
 def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: UpdateDone) -> SyncDone:
     """Reload the trained weights into the engine in place, then prove it: the engine's hash must equal
     the trainer's export, and the engine's log-probs on the probe batch the trainer's."""
-    from rlpipe.training.checkpoint import read_trainer_state
-
     svc = services(run_id)
     start = time.perf_counter()
-    adapter = bool(getattr(svc.engine, "lora_rank", None))  # started for adapter syncs (adapter_sync at start)
-    held = load_policy(svc.engine, update_ref.state_dir, update_ref.weights_sha256, iteration,
-                       adapter_sha256=read_trainer_state(update_ref.state_dir)["adapter_sha256"] if adapter else None,
-                       state_uri=update_ref.state_uri)
+    adapter = update_ref.adapter_sha256 is not None
+    held = load_policy(svc.engine, update_ref.adapter_dir if adapter else update_ref.state_dir, update_ref.weights_sha256,
+                       iteration, adapter_sha256=update_ref.adapter_sha256, state_uri=update_ref.state_uri,
+                       trainer=None if getattr(svc.trainer, "remote", False) else svc.trainer)
     proof = svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}")
     svc.policy_iteration = iteration
     fault_point(iteration, "sync")
@@ -238,7 +269,9 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
 @stage("upload-checkpoint", retries=2, retry_delay_s=2, timeout_s=600)
 def upload_checkpoint(config: RunConfig, run_id: str, iteration: int, update_ref: UpdateDone) -> SavedCheckpoint:
     """Copy the iteration's full resumable state (weights, tokenizer, optimizer and critic states, KL
-    controller, RNG, iteration) to the store; a redo finds a whole copy and keeps it."""
+    controller, RNG, iteration) to the store, once it is written (train.async_save); a redo finds a whole copy and
+    keeps it."""
+    services(run_id).join_save()
     uri = run_context(run_id, config).state.upload_state(Path(update_ref.state_dir), iteration, update_ref.weights_sha256)
     fault_point(iteration, "upload")
     return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=update_ref.weights_sha256)

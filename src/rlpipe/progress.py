@@ -16,8 +16,8 @@ __all__ = ["Progress"]
 @dataclass(frozen=True)
 class Progress:
     completed_iteration: int = -1  # -1: no iteration done yet
-    resume_dir: str | None = None  # this machine's state folder of the last completed iteration
-    weights_sha256: str | None = None  # the policy after it
+    resume_dir: str | None = None  # this machine's state folder of the last save point
+    weights_sha256: str | None = None  # the policy after the last completed iteration (resume.json: the save point's)
     resume_state: str | None = None  # the store's copy of the last save point (the store's progress only)
     history_bytes: int = 0  # how much of history.jsonl the store holds (segments up to the last save point)
     last_registered: str | None = None  # the model version registered last

@@ -194,7 +194,9 @@ class RunState:
         from rlpipe.storage.weights import file_weights_sha256
 
         folder = progress.resume_dir
-        if not folder or not Path(folder).is_dir():
+        if not folder:  # before the first save point: the run's start policy, which is not saved here
+            return progress.completed_iteration == -1
+        if not Path(folder).is_dir():
             return False
         try:
             return file_weights_sha256(folder) == progress.weights_sha256

@@ -50,6 +50,18 @@ class RunFolder:
     def write_progress(self, progress: Progress) -> None:
         write_atomic(self.progress_path, json.dumps(progress.to_dict(), indent=2, sort_keys=True), fsync=False)
 
+    @property
+    def resume_path(self) -> Path:
+        """The progress as of the last save point (or the run's start): what a resume continues from."""
+        return self.path / "resume.json"
+
+    def read_resume(self) -> Progress | None:
+        p = self.resume_path
+        return Progress.from_dict(json.loads(p.read_text()), str(p)) if p.exists() else None
+
+    def write_resume(self, progress: Progress) -> None:
+        write_atomic(self.resume_path, json.dumps(progress.to_dict(), indent=2, sort_keys=True))
+
     # -- history --------------------------------------------------------------------------------
     @property
     def history(self) -> RunHistory:

@@ -73,9 +73,11 @@ class UpdateDone:
     update_s: float
     save_s: float
     read_s: float
-    state_dir: str  # this machine's copy of the new state
+    state_dir: str | None  # this machine's copy of the new state: at a save point, or from a trainer service
     weights_sha256: str
     state_uri: str | None = None  # the trainer service's own upload of the state
+    adapter_dir: str | None = None  # LoRA with an adapter engine: this update's adapter alone (peft's layout)
+    adapter_sha256: str | None = None
 
     @property
     def train_tokens_per_s(self) -> float:

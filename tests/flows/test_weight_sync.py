@@ -6,6 +6,7 @@ from safetensors.torch import load_file, save_file
 
 from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.engines import get_engine
+from rlpipe.rollout.probe import load_policy
 from rlpipe.runtime import RunServices, register_services, stop_services
 from rlpipe.storage.weights import file_weights_sha256
 from rlpipe.runtime.assembly import start_probe
@@ -15,7 +16,8 @@ from tasks.rl import sync_weights
 
 def _ref(folder, digest):
     """What the update stage hands the sync: the new state's folder and the weights' hash."""
-    return UpdateDone(metrics={}, update_s=0.0, save_s=0.0, read_s=0.0, state_dir=str(folder), weights_sha256=digest)
+    return UpdateDone(metrics={}, update_s=0.0, save_s=0.0, read_s=0.0, state_dir=folder and str(folder),
+                      weights_sha256=digest)
 
 
 def perturbed(src, dst, scale=1.01):
@@ -93,7 +95,8 @@ def test_the_probe_catches_a_weight_the_read_back_cannot_see(tiny_checkpoint, tr
         save_file(w, tmp_path / "wrong" / "model.safetensors", metadata={"format": "pt"})
         ref = _ref(tmp_path / "wrong", file_weights_sha256(tmp_path / "wrong"))
         with pytest.raises(WeightSyncError, match="probe batch|different values") as e:
-            sync_weights.fn(None, "probe-repacked", 0, ref)
+            load_policy(engine, ref.state_dir, ref.weights_sha256, 0)  # a folder's weights, as replicas take them
+            svc.proof.prove(engine, trainer, "iteration 0")
         if not torch.cuda.is_available():
             assert "probe batch" in str(e.value)  # what the hash and the read-back let through
         assert engine.weights_sha256() == ref.weights_sha256 and svc.proof.last is not None
@@ -109,22 +112,46 @@ def test_a_read_back_that_compares_nothing_is_an_error(tiny_checkpoint, monkeypa
         engine.load_weights(tiny_checkpoint)
 
 
-def test_sync_task_fails_on_a_hash_mismatch(tiny_checkpoint, trainer, tmp_path):
+def test_a_folder_sync_fails_on_a_hash_mismatch(tiny_checkpoint, tmp_path):
     engine = get_engine("hf", tiny_checkpoint, max_model_len=64)
-    _services("sync-test", engine, trainer)
+    assert load_policy(engine, tiny_checkpoint, file_weights_sha256(tiny_checkpoint), 0) == file_weights_sha256(tiny_checkpoint)
+    # The trainer said it exported A, but the folder holds B (a stale or partial copy): never ignored.
+    stale = perturbed(tiny_checkpoint, tmp_path / "stale")
+    with pytest.raises(WeightSyncError, match="holds"):
+        load_policy(engine, stale, file_weights_sha256(tiny_checkpoint), 0)
+    broken = tmp_path / "empty"
+    broken.mkdir()
+    with pytest.raises(WeightSyncError, match="no \\*.safetensors"):
+        load_policy(engine, broken, "x", 0)
+    with pytest.raises(WeightSyncError, match="not a save point"):  # no trainer in this process, no folder
+        load_policy(engine, None, "x", 0)
+    engine.load_weights(tiny_checkpoint)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "hf"])
+def test_the_sync_hands_the_trainers_tensors_over_in_memory(kind, tiny_checkpoint, tmp_path, monkeypatch):
+    """Between save points no file is on the sync path: the engine takes the trainer's tensors, hashed once
+    after the update, and the probe proves them; an update that reported another hash is refused."""
+    from rlpipe.config import TrainConfig
+    from rlpipe.training.trainer import PolicyTrainer
+    from tests.helpers.dist_update import fixed_batch
+
+    t = PolicyTrainer(model_dir=str(tiny_checkpoint), cfg=TrainConfig(batch_size=8, micro_batch_size=8, lr=1e-2), seed=0)
+    engine = get_engine(kind, tiny_checkpoint, max_model_len=64)
+    _services(f"mem-{kind}", engine, t)
     try:
-        ok = sync_weights.fn(None, "sync-test", 0, _ref(tiny_checkpoint, file_weights_sha256(tiny_checkpoint)))
-        assert ok.policy_version == file_weights_sha256(tiny_checkpoint)
-        # The trainer said it exported A, but the folder holds B (a stale or partial copy): never ignored.
-        stale = perturbed(tiny_checkpoint, tmp_path / "stale")
-        with pytest.raises(WeightSyncError, match="holds"):
-            sync_weights.fn(None, "sync-test", 0, _ref(stale, file_weights_sha256(tiny_checkpoint)))
-        broken = tmp_path / "empty"
-        broken.mkdir()
-        with pytest.raises(WeightSyncError, match="no \\*.safetensors"):
-            sync_weights.fn(None, "sync-test", 0, _ref(broken, "x"))
+        t.update(fixed_batch(8), 0)
+        digest, _ = t.policy_tensors()
+        monkeypatch.setattr(engine, "load_weights", lambda folder: pytest.fail("a file on the sync path"))
+        out = sync_weights.fn(None, f"mem-{kind}", 0, _ref(None, digest))
+        assert out.policy_version == digest == engine.weights_sha256() != file_weights_sha256(tiny_checkpoint)
+        assert out.probe_max_abs_diff <= 1e-3 and out.probe_policy_change > 1e-3 and out.readback_tensors >= 1
+        with pytest.raises(WeightSyncError, match="its update reported"):
+            sync_weights.fn(None, f"mem-{kind}", 1, _ref(None, file_weights_sha256(tiny_checkpoint)))
     finally:
-        stop_services("sync-test")
+        stop_services(f"mem-{kind}")
+        monkeypatch.undo()
+        engine.load_weights(tiny_checkpoint)
 
 
 def test_a_reload_reaches_the_tied_output_layer_on_every_engine(tiny_checkpoint, tmp_path):

@@ -101,25 +101,33 @@ class SyncProof:
         return {"probe_max_abs_diff": gap, "probe_policy_change": change, "probe_tokens": float(probe.tokens)}
 
 
-def load_policy(engine: Any, state_dir: str | Path, weights_sha256: str, iteration: int, *,
-                adapter_sha256: str | None = None, state_uri: str | None = None) -> str:
+def load_policy(engine: Any, folder: str | Path | None, weights_sha256: str, iteration: int, *,
+                adapter_sha256: str | None = None, state_uri: str | None = None, trainer: Any = None) -> str:
     """Put the trainer's new policy on the engine and check the hash it reports; returns the engine's hash.
 
-    ``adapter_sha256`` (an engine started for adapter syncs): only ``state_dir/adapter`` moves, and the
-    adapter the engine read must be the trainer's. ``state_uri``: replicas read the trainer's own upload.
-    Else the engine reloads the weights of ``state_dir`` in place."""
+    ``adapter_sha256`` (an engine started for adapter syncs): only the adapter in ``folder`` moves, and the
+    adapter the engine read must be the trainer's. ``state_uri``: replicas read the trainer service's own upload.
+    ``trainer`` (in this process) and an engine that takes tensors: the trainer's tensors are handed over in
+    memory, with the hash taken once after the update. Else the engine reloads the weights of ``folder``."""
     if adapter_sha256 is not None:
-        from rlpipe.training.checkpoint import ADAPTER
-
-        got = engine.load_adapter(Path(state_dir) / ADAPTER, weights_sha256)
+        got = engine.load_adapter(Path(folder), weights_sha256)
         if got != adapter_sha256:
             raise WeightSyncError(f"iteration {iteration}: engine {engine.name} read adapter {got[:12]}, the "
                                   f"trainer saved {adapter_sha256[:12]}")
         held = engine.weights_sha256()
     elif state_uri and hasattr(engine, "load_uri"):
         held = engine.load_uri(state_uri, weights_sha256)
+    elif trainer is not None and hasattr(engine, "load_tensors"):
+        digest, tensors = trainer.policy_tensors()
+        if digest != weights_sha256:
+            raise WeightSyncError(f"iteration {iteration}: the trainer holds {digest[:12]}, its update reported "
+                                  f"{weights_sha256[:12]}: its weights changed after the update")
+        held = engine.load_tensors(tensors, digest)
+    elif folder is None:
+        raise WeightSyncError(f"iteration {iteration}: engine {engine.name} takes weights only from a folder, and "
+                              "this update wrote none (not a save point)")
     else:
-        held = engine.load_weights(state_dir)
+        held = engine.load_weights(folder)
     if held != weights_sha256:
         raise WeightSyncError(f"iteration {iteration}: engine {engine.name} holds {held[:12]} after reload, trainer "
                               f"exported {weights_sha256[:12]}")

@@ -34,23 +34,35 @@ class RunServices:
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)  # prompt id → prompt row
     # Work started ahead on the engine (rollout.prefetch): (iteration, concurrent.futures.Future), or None.
     background: tuple[int, Any] | None = None
+    # A save point's state being written (train.async_save): (iteration, its folder, Future), or None.
+    saving: tuple[int, str, Any] | None = None
 
+    def save_in_background(self, iteration: int, folder: str, write: Callable[[], None]) -> None:
+        """Write save point ``iteration``'s state on a thread (train.async_save); :meth:`join_save` waits for it.
+        Nothing may change the trainer's weights or optimizer until then."""
+        self.join_save()
+        self.saving = (iteration, folder, _on_thread(write, f"rlpipe-save-{iteration}"))
+
+    def join_save(self) -> float:
+        """Wait for the save being written, if any (seconds waited); its error is raised here."""
+        if self.saving is None:
+            return 0.0
+        iteration, folder, future = self.saving
+        start = time.perf_counter()
+        try:
+            future.result()
+        except Exception as e:
+            raise RuntimeError(f"writing save point {iteration} ({folder}) in the background failed: {e}") from e
+        finally:
+            self.saving = None
+        return time.perf_counter() - start
 
     def generate_ahead(self, iteration: int, work: Callable[[], Any]) -> None:
         """Run ``work`` (iteration ``iteration``'s first batch) on a thread now; the rollout of that iteration
         joins it (:meth:`join_ahead`). One batch ahead at a time."""
         if self.background is not None:
             raise RuntimeError(f"iteration {self.background[0]}'s batch is still being generated ahead; join it first")
-        future: Future = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(work())
-            except BaseException as e:  # noqa: BLE001 - handed to the rollout that joins it
-                future.set_exception(e)
-
-        self.background = (iteration, future)
-        threading.Thread(target=run, name=f"rlpipe-prefetch-{iteration}", daemon=True).start()
+        self.background = (iteration, _on_thread(work, f"rlpipe-prefetch-{iteration}"))
 
     def join_ahead(self, iteration: int, draw: int) -> float | None:
         """Wait for the batch generated ahead for this rollout (seconds waited), None when there is none. Its
@@ -66,6 +78,20 @@ class RunServices:
         finally:
             self.background = None
         return time.perf_counter() - start
+
+
+def _on_thread(work: Callable[[], Any], name: str) -> Future:
+    """``work`` started on a daemon thread; its result or error in the future returned."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever joins it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 _SERVICES: dict[str, RunServices] = {}
@@ -92,6 +118,11 @@ def stop_services(run_id: str) -> None:
     s = _SERVICES.pop(run_id, None)
     if s is None:
         return
+    if s.saving is not None:  # never leave a save half-written behind a stopped run (a failed one is not recorded)
+        try:
+            s.join_save()
+        except RuntimeError as e:
+            logging.getLogger("rlpipe").warning("run %s stopped; %s (a resume starts from the save point before)", run_id, e)
     if s.background is not None:  # the process keeps its engine for the next run: never leave it generating
         iteration, future = s.background
         if (err := future.exception()) is not None:
