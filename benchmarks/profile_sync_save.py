@@ -1,91 +1,130 @@
-"""The weight sync and the per-iteration save point at the demo size, outside Prefect.
+"""The weight sync and the save point, outside Prefect: through files (as every iteration did until issue 43)
+and in memory (now), at the demo size and at ~110M parameters.
 
-    .venv/bin/python benchmarks/profile_sync_save.py --repeats 10
+    .venv/bin/python benchmarks/profile_sync_save.py --sizes 3M,100M --repeats 5
+    .venv/bin/python benchmarks/profile_sync_save.py --sizes 3M --engine hf
 
-The untrained demo-size model (3.4M parameters, built from config): an in-process vLLM engine and the
-DeepSpeed trainer, as a run holds them. Each repeat nudges the trainer's weights, saves the resumable state
-(``PolicyTrainer.save``: HF weights + hash, DeepSpeed optimizer checkpoint, RNG) and syncs it into the engine
-(``tasks.rl.sync_weights``: in-place reload, read-back, hash, probe on engine and trainer). Prints the median
-seconds of each, then milliseconds per call of their parts from one cProfile of ``--repeats`` more.
+An untrained model of each size (``scaling.py``'s MODELS, built from config), an in-process engine and the
+DeepSpeed trainer after one optimizer step (so that AdamW's moments exist), as a run holds them. Each repeat nudges the trainer's weights (a new policy, as after an
+update) and times:
+
+- ``files``: the resumable state written (``PolicyTrainer.save``: HF weights, DeepSpeed optimizer state, RNG,
+  over the spare save point's files) and the engine reloaded from that folder (hash of what it read,
+  read-back), then the probe: what every iteration paid before.
+- ``memory``: the hash of the trainer's tensors, taken once (``policy_tensors``), and the engine fed those
+  tensors (``load_tensors``, read-back), then the probe: what an iteration between save points pays now.
+- ``save point``: the part of a save the iteration waits for with ``train.async_save`` (hash, trainer state,
+  RNG taken) and the writing that runs on a thread meanwhile.
+
+Prints one JSON object per size (medians over ``--repeats``) and writes them to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
-import pstats
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PARTS = {  # (file suffix, function) → label
-    ("vllm_engine.py", "load_weights"): "sync: reload, re-pack, read-back, hash",
-    ("probe.py", "prove"): "sync: probe (engine + trainer)",
-    ("vllm_engine.py", "sequence_logprobs"): "sync: probe on the engine",
-    ("trainer.py", "sequence_logprobs"): "sync: probe on the trainer",
-    ("saving.py", "export_weights"): "save: HF weights, config, hash",
-    ("engine.py", "save_checkpoint"): "save: DeepSpeed checkpoint",
-    ("weights.py", "weights_sha256"): "save + sync: sha256 of the weights",
-}
+
+def _nudge(trainer) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p in trainer.engine.module.parameters():
+            p.mul_(1.0001)
+    trainer._handoff = None  # what an update does: the weights changed
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 4)
+
+
+def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
+    from scaling import policy
+
+    from rlpipe.config import RunConfig
+    from rlpipe.data import build_arithmetic
+    from rlpipe.rollout.engines import new_engine
+    from rlpipe.rollout.probe import load_policy
+    from rlpipe.runtime import RunServices, register_services, stop_services
+    from rlpipe.runtime.assembly import start_probe
+    from rlpipe.training.trainer import PolicyTrainer
+
+    folder, params = policy(home, size)
+    cfg = RunConfig()
+    engine = new_engine(engine_kind, folder, max_model_len=64)
+    trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg.train, seed=0)
+    rows = [r for r in build_arithmetic(cfg.data).to_pylist() if r["split"] == "train"][:50]
+    svc = RunServices(f"bench-sync-{size}", engine, trainer, None, engine.tokenizer, rows, [], {})
+    register_services(svc)
+    start_probe(svc, cfg)
+    from tests.helpers.dist_update import fixed_batch
+
+    trainer.update(fixed_batch(cfg.train.batch_size), 0)  # AdamW's moments exist only after a first step
+    work = home / f"sync-save-{size}"
+    t: dict[str, list[float]] = {k: [] for k in ("files_save", "files_sync", "files_probe", "memory_hash",
+                                                 "memory_sync", "memory_probe", "point_wait", "point_write")}
+
+    def one(k: int, keep: bool) -> None:
+        _nudge(trainer)
+        a = time.perf_counter()
+        digest = trainer.save(work / f"s{k % 2}", extra_state={}, spare=work / f"s{(k + 1) % 2}" if k else None)
+        b = time.perf_counter()
+        load_policy(engine, work / f"s{k % 2}", digest, k)
+        c = time.perf_counter()
+        svc.proof.prove(engine, trainer, f"files {k}")
+        d = time.perf_counter()
+        _nudge(trainer)
+        digest, _ = trainer.policy_tensors()
+        e = time.perf_counter()
+        load_policy(engine, None, digest, k, trainer=trainer)
+        f = time.perf_counter()
+        svc.proof.prove(engine, trainer, f"memory {k}")
+        g = time.perf_counter()
+        _, write = trainer.plan_save(work / f"s{k % 2}", extra_state={}, spare=work / f"s{(k + 1) % 2}")
+        h = time.perf_counter()
+        write()
+        i = time.perf_counter()
+        if keep:
+            for key, x in zip(t, (b - a, c - b, d - c, e - d, f - e, g - f, h - g, i - h)):
+                t[key].append(x)
+
+    one(0, keep=False)  # warm-up: first writes, DeepSpeed's first checkpoint
+    for k in range(1, repeats + 1):
+        one(k, keep=True)
+    stop_services(svc.run_id)
+    engine.close()
+    m = {k: _median(v) for k, v in t.items()}
+    return {"size": size, "params": params, "engine": engine_kind, "repeats": repeats, **m,
+            "files_per_iteration_s": round(m["files_save"] + m["files_sync"] + m["files_probe"], 4),
+            "memory_per_iteration_s": round(m["memory_hash"] + m["memory_sync"] + m["memory_probe"], 4)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--sizes", default="3M,100M", help="comma-separated keys of scaling.py's MODELS (3M, 30M, 100M)")
+    ap.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--home", type=Path, default=Path(tempfile.gettempdir()) / "rlpipe-bench" / "sync-save")
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/sync_save.json"))
     a = ap.parse_args()
     import torch
-    from profile_update import untrained_policy
-    from rlpipe.config import RunConfig
-    from rlpipe.data import build_arithmetic
-    from rlpipe.rollout.vllm_engine import VLLMEngine
-    from rlpipe.runtime import RunServices, register_services
-    from rlpipe.training.trainer import PolicyTrainer
-    from rlpipe.runtime.assembly import start_probe
-    from rlpipe.stages import UpdateDone
-    from tasks.rl import sync_weights
 
-    cfg = RunConfig()
-    folder = untrained_policy(cfg)
-    engine = VLLMEngine(folder, max_model_len=64)
-    trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg.train, seed=0)
-    rows = [r for r in build_arithmetic(cfg.data).to_pylist() if r["split"] == "train"][:50]
-    svc = RunServices("bench-sync", engine, trainer, None, engine.tokenizer, rows, [], {})
-    register_services(svc)
-    start_probe(svc, cfg)
-    work = a.out.parent / "sync_save_state"
-
-    def one(k: int) -> tuple[float, float]:
-        with torch.no_grad():
-            for p in trainer.engine.module.parameters():
-                p.mul_(1.0001)  # a new policy each time, as after an update
-        start = time.perf_counter()
-        digest = trainer.save(work / f"s{k % 2}", extra_state={})
-        saved = time.perf_counter() - start
-        sync_weights.fn(cfg, "bench-sync", k, UpdateDone(metrics={}, update_s=0.0, save_s=0.0, read_s=0.0,
-                                                          state_dir=str(work / f"s{k % 2}"), weights_sha256=digest))
-        return saved, time.perf_counter() - start - saved
-
-    one(0)  # warm-up
-    runs = [one(k) for k in range(1, a.repeats + 1)]
-    prof = cProfile.Profile()
-    prof.enable()
-    for k in range(a.repeats):
-        one(100 + k)
-    prof.disable()
-    stats = pstats.Stats(prof).stats  # (file, line, function) → (calls, _, own, cumulative, _)
-    parts = {label: round(1000 * sum(v[3] for (f, _, fn), v in stats.items() if f.endswith(suffix) and fn == func)
-                          / a.repeats, 1) for (suffix, func), label in PARTS.items()}
-    summary = {"save_s_median": round(statistics.median(r[0] for r in runs), 4),
-               "sync_s_median": round(statistics.median(r[1] for r in runs), 4),
-               "ms_per_iteration_under_cprofile": parts}
-    print(json.dumps(summary, indent=1))
+    torch.set_num_threads(2)
+    results = []
+    for size in a.sizes.split(","):
+        r = measure(size, a.engine, a.repeats, a.home)
+        print(json.dumps(r), flush=True)
+        results.append(r)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(summary, indent=1))
+    a.out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,11 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
 
 def _log_tracking(ctx: RunContext, mlflow_run_id: str, iteration: int, metrics: dict[str, float], fired: list,
                   ev: dict[str, Any] | None) -> None:
-    """A direct call, not a task: per-iteration logging should not pay for a task run of its own."""
+    """A direct call, not a task: per-iteration logging should not pay for a task run of its own. An iteration
+    redone after a resume (from the save point before it) was logged before the stop: not logged twice."""
+    if iteration <= ctx.logged_through:
+        run_logger().info("iteration %d redone: its metrics were logged to MLflow before the resume", iteration)
+        return
     tracker = ctx.tracker
     tracker.log_metrics(mlflow_run_id, metrics, iteration)
     if fired:

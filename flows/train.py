@@ -67,6 +67,7 @@ def _resume_point(ctx: RunContext, dataset_version: str, allow_change: bool) -> 
     ctx.folder.write_resume(progress)
     progress = state.history_out_of_progress(progress)
     done = latest.completed_iteration if latest else k
+    ctx.logged_through = done
     log.info("resuming run %s after iteration %d from %s (%s)%s", run_id, k, progress.resume_dir or "the start policy",
              "this machine" if where else state.store.url(progress.resume_state),
              f"; iterations {k + 1}..{done} (done after that save point) are redone" if done > k else "")

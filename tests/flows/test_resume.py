@@ -17,7 +17,8 @@ from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F
 
 # (iteration, stage): SIGKILL right after that stage. Iteration 2's kills happen after the local run
 # folder was deleted: that resume comes from the store's save point of iteration 1.
-BOUNDARIES = [(0, "rollout"), (0, "verify"), (1, "update"), (1, "sync"), (2, "upload"), (2, "register")]
+# (1, "save"): half-way through iteration 1's save point, written on a thread (train.async_save).
+BOUNDARIES = [(0, "rollout"), (0, "verify"), (1, "save"), (1, "update"), (1, "sync"), (2, "upload"), (2, "register")]
 
 
 def _args(run_id, sets, *extra):
@@ -69,6 +70,38 @@ def test_kill_at_every_stage_boundary_resumes_to_the_same_weights(api, reference
     again = _cli(_args("rl-kill", sets), {}, api)  # a finished run run again changes nothing
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((settings().run_dir("rl-kill") / "summary.json").read_text())["final_policy_version"] == ref["final_policy_version"]
+
+
+def test_between_save_points_nothing_is_written_and_a_kill_redoes_from_the_last(api, reference):
+    """train.save_interval 2 over 3 iterations: save points after iterations 1 and 2 only. Killed after
+    iteration 0's sync (no state written: the weights went to the engine in memory), then half-way through the
+    asynchronous save of iteration 1, the run resumes each time from its last complete save point (the start),
+    redoes the iterations after it, and lands on the weights of the uninterrupted run saved every iteration."""
+    sets, ref = reference
+    sets = sets + ["train.save_interval=2"]
+    run_dir = settings().run_dir("rl-sparse")
+    killed = _cli(_args("rl-sparse", sets), {"RLPIPE_FAULT": "0:sync"}, api)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert not list((run_dir / "state").glob("iter=*"))  # nothing on disk between save points
+    assert json.loads((run_dir / "progress.json").read_text())["completed_iteration"] == -1
+    killed = _cli(_args("rl-sparse", sets), {"RLPIPE_FAULT": "1:save"}, api)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert "iterations 0..0 (done after that save point) are redone" in killed.stderr
+    assert json.loads((run_dir / "progress.json").read_text())["completed_iteration"] == 0
+    assert json.loads((run_dir / "resume.json").read_text())["completed_iteration"] == -1  # the save was not whole
+    assert not (run_dir / "state" / "iter=1" / "trainer_state.json").exists()
+    done = _cli(_args("rl-sparse", sets), {}, api)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "iterations 0..1 (done after that save point) are redone" in done.stderr
+    got = json.loads((run_dir / "summary.json").read_text())
+    assert got["final_policy_version"] == ref["final_policy_version"]  # the same weights, bit for bit
+    assert json.loads((run_dir / "resume.json").read_text())["completed_iteration"] == 2
+    cfg = load_config(None, sets)
+    tracker = Tracker(settings(), cfg)
+    mine = [mv for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'") if mv.tags["run_id"] == "rl-sparse"]
+    assert sorted(int(mv.tags["iteration"]) for mv in mine) == [1, 2]  # a model version per save point
+    steps = sorted(m.step for m in tracker.client.get_metric_history(got["mlflow_run_id"], "time/iteration_s"))
+    assert steps == [0, 1, 2]  # a redone iteration's metrics are not logged twice
 
 
 def test_a_changed_config_is_refused_and_an_allowed_one_recorded(api, reference):

@@ -62,7 +62,7 @@ class RemoteEngine:
     def __init__(self, url: str, store: Any, run_id: str, timeout_s: float = 600.0,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         self.url, self.store, self.run_id, self.timeout_s = url.rstrip("/"), store, run_id, timeout_s
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes, self._client = bucket_bytes, None
         self.name = f"rollout@{self.url}"
         h = self.health()
         self._dtype, self._sha = str(h["dtype"]), str(h["version"])
@@ -79,23 +79,33 @@ class RemoteEngine:
             raise ReplicaDown(f"rollout replica {self.url}: /health answered HTTP {r.status_code}")
         return r.json()
 
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._request("POST", path, json=body)
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """The answer of one request; ReplicaDown when the replica does not answer, fails (5xx) or is full (429),
-        ValueError when it refuses the request itself (another 4xx)."""
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
 
         try:
-            if method == "POST":
-                r = http_client.post("rollout", f"{self.url}{path}", timeout=self.timeout_s, **kwargs)
-            else:  # a bucket: the service's token, not counted as a call of its own
-                token = http_client.service_token("rollout")
-                headers = {"Authorization": f"Bearer {token}"} if token else {}
-                r = httpx.request(method, f"{self.url}{path}", headers=headers, timeout=self.timeout_s, **kwargs)
+            r = http_client.post("rollout", f"{self.url}{path}", json=body, timeout=self.timeout_s)
         except httpx.HTTPError as e:
             raise ReplicaDown(f"rollout replica {self.url}{path}: {type(e).__name__}: {e}") from None
+        return self._answer(path, r)
+
+    def _stream_call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One request of a weight stream, on this engine's own connection: a new client per request (as
+        ``http_client.post`` makes) costs ~35 ms of TLS set-up even for http://, and a stream makes 2 + buckets."""
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout_s)
+        token = http_client.service_token("rollout")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            r = self._client.request(method, f"{self.url}{path}", headers=headers, **kwargs)
+        except httpx.HTTPError as e:
+            raise ReplicaDown(f"rollout replica {self.url}{path}: {type(e).__name__}: {e}") from None
+        return self._answer(path, r)
+
+    def _answer(self, path: str, r: Any) -> dict[str, Any]:
+        """The JSON of an HTTP 200; ReplicaDown for a server error (5xx) or a full queue (429), ValueError when
+        the replica refuses the request itself (another 4xx)."""
         if r.status_code >= 500 or r.status_code == 429:
             raise ReplicaDown(f"rollout replica {self.url}{path}: HTTP {r.status_code}: {r.text[:300]}")
         if r.status_code != 200:  # the request itself is wrong: no other replica would take it either
@@ -125,11 +135,11 @@ class RemoteEngine:
 
     def send_buckets(self, buckets: list[bytes], sha256: str) -> str:
         """Encoded buckets to the replica: begin, one PUT per bucket, commit; the version it then holds."""
-        stream = self._post("/weights/stream/begin", {"sha256": sha256, "buckets": len(buckets),
-                                                      "bytes": sum(len(b) for b in buckets)})["stream"]
+        stream = self._stream_call("POST", "/weights/stream/begin", json={
+            "sha256": sha256, "buckets": len(buckets), "bytes": sum(len(b) for b in buckets)})["stream"]
         for k, data in enumerate(buckets):
-            self._request("PUT", f"/weights/stream/{stream}/{k}", content=data)
-        return self._loaded(self._post(f"/weights/stream/{stream}/commit"))
+            self._stream_call("PUT", f"/weights/stream/{stream}/{k}", content=data)
+        return self._loaded(self._stream_call("POST", f"/weights/stream/{stream}/commit"))
 
     def load_uri(self, uri: str, sha: str) -> str:
         """The weights already in the run's store under ``uri``, downloaded by the replica itself."""
@@ -146,8 +156,10 @@ class RemoteEngine:
     def weights_sha256(self) -> str:
         return self._sha
 
-    def close(self) -> None:  # the service outlives the run
-        pass
+    def close(self) -> None:  # the service outlives the run; only the stream's connection closes
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 class ReplicatedEngine:
@@ -269,4 +281,5 @@ class ReplicatedEngine:
         return self.live()[0].last_readback
 
     def close(self) -> None:
-        pass
+        for replica in self.replicas:
+            replica.close()
