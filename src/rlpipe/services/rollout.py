@@ -14,7 +14,8 @@ Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is se
   POST /weights/stream/begin {"sha256", "buckets", "bytes"} → {"stream", "max_bytes"}: opens a stream of
                   ``buckets`` bodies of ``bytes`` bytes in all (413 beyond ``max_stream_bytes``). One stream at
                   a time: a begin drops the stream still open, if any (a sender that died mid-stream must not
-                  lock the next sync out; the one writer is the run's weight sync).
+                  lock the next sync out; the one writer is the run's weight sync). The buckets of a stream
+                  left open are held in memory until the next begin.
   PUT  /weights/stream/{stream}/{k}  raw body: bucket k's safetensors bytes (422 for k out of range, 413 when
                   the bodies would exceed the declared bytes, 404 for a stream that is not the open one; a
                   bucket sent again replaces the earlier body).
@@ -39,8 +40,8 @@ import secrets
 import tempfile
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 from pydantic import BaseModel, Field
