@@ -79,8 +79,9 @@ def serve_rollout(
     tensor_parallel_size: Annotated[int, typer.Option(help="vLLM: GPUs the engine spans.")] = 1,
     enable_prefix_caching: Annotated[bool, typer.Option(help="vLLM: reuse the KV cache of shared prefixes.")] = False,
 ) -> None:
-    """HTTP rollout service: /generate, /logprobs, /weights (from the object store, hash-checked), /health,
-    /metrics. Runs point at its replicas with services.rollout (or RLPIPE_ROLLOUT_URL, comma-separated)."""
+    """HTTP rollout service: /generate, /logprobs, /weights (from the object store) and /weights/stream (streamed in
+    buckets), both hash-checked, /health, /metrics. Runs point at its replicas with services.rollout (or
+    RLPIPE_ROLLOUT_URL, comma-separated)."""
     from rlpipe.rollout.engines import new_engine
     from rlpipe.services.rollout import serve
     from rlpipe.storage import open_store
