@@ -207,27 +207,26 @@ def _adapter_handoff(ctx: RunContext, svc: RunServices) -> tuple[str, str] | Non
 
 def _remote_update(ctx: RunContext, svc: RunServices, iteration: int, verify_refs: list[VerifyDone],
                    extra_state: dict[str, Any]) -> UpdateDone:
-    """The trainer service reads the stages from the store and writes the whole new state there; this side
-    keeps a checked copy of the new weights (for an in-process engine, and as the local resume point)."""
+    """The trainer service reads the stages from the store and keeps the new weights for the sync to stream; at a
+    save point it writes the whole state to the store, and this side keeps a checked copy of its weights (the
+    local resume point)."""
     config = ctx.config
+    save = config.train.save_point(iteration)
     out = svc.trainer.update_stages([ref.prefix for ref in verify_refs], iteration,
                                     config.rollout.batch_size if config.rollout.dynamic_sampling else None,
-                                    config.agent is not None and config.agent.step_rewards, extra_state)
+                                    config.agent is not None and config.agent.step_rewards, extra_state, save=save)
     metrics = out["metrics"]
     _check_update(config, iteration, metrics, len(verify_refs))
     start = time.perf_counter()
-    folder = svc.trainer.fetch_weights(out["state_prefix"], out["weights_sha256"], ctx.folder.state_dir(iteration))
+    folder = (svc.trainer.fetch_weights(out["state_prefix"], out["weights_sha256"], ctx.folder.state_dir(iteration))
+              if save else None)
     fetch_s = time.perf_counter() - start
-    adapter = None
-    if getattr(svc.engine, "lora_rank", None):  # an adapter engine takes only the adapter the service saved
-        from rlpipe.training.checkpoint import ADAPTER, read_trainer_state
-
-        adapter = (str(Path(folder) / ADAPTER), read_trainer_state(folder)["adapter_sha256"])
     fault_point(iteration, "update")
-    metrics = metrics | {"trainer/upload_s": out["upload_s"], "trainer/fetch_s": fetch_s, "trainer/world": float(svc.trainer.world)}
-    return UpdateDone(metrics=metrics, update_s=out["update_s"], save_s=out["save_s"] + out["upload_s"],
-                      read_s=out["read_s"], state_dir=str(folder), weights_sha256=out["weights_sha256"],
-                      state_uri=out["state_uri"], adapter_dir=adapter and adapter[0], adapter_sha256=adapter and adapter[1])
+    metrics = metrics | {"trainer/upload_s": out.get("upload_s", 0.0), "trainer/fetch_s": fetch_s,
+                         "trainer/hash_s": out["handoff_s"], "trainer/world": float(svc.trainer.world)}
+    return UpdateDone(metrics=metrics, update_s=out["update_s"], save_s=out.get("save_s", 0.0) + out.get("upload_s", 0.0),
+                      read_s=out["read_s"], state_dir=folder and str(folder), weights_sha256=out["weights_sha256"],
+                      state_uri=out.get("state_uri"))
 
 
 def _check_update(config: RunConfig, iteration: int, metrics: dict[str, float], draws: int) -> None:
@@ -244,8 +243,7 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: Upd
     start = time.perf_counter()
     adapter = update_ref.adapter_sha256 is not None
     held = load_policy(svc.engine, update_ref.adapter_dir if adapter else update_ref.state_dir, update_ref.weights_sha256,
-                       iteration, adapter_sha256=update_ref.adapter_sha256, state_uri=update_ref.state_uri,
-                       trainer=None if getattr(svc.trainer, "remote", False) else svc.trainer)
+                       iteration, adapter_sha256=update_ref.adapter_sha256, trainer=svc.trainer)
     proof = svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}")
     svc.policy_iteration = iteration
     fault_point(iteration, "sync")

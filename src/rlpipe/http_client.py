@@ -40,6 +40,15 @@ def service_token(service: str) -> str | None:
 def post(service: str, url: str, **kwargs: Any) -> Any:
     """``httpx.post`` with the service's bearer token (when one is set) that records its latency and
     whether it succeeded (HTTP 200) under ``service``."""
+    return _request("POST", service, url, **kwargs)
+
+
+def get(service: str, url: str, **kwargs: Any) -> Any:
+    """``httpx.get``, with the token and the record of :func:`post`."""
+    return _request("GET", service, url, **kwargs)
+
+
+def _request(method: str, service: str, url: str, **kwargs: Any) -> Any:
     import httpx
 
     if token := service_token(service):
@@ -47,7 +56,7 @@ def post(service: str, url: str, **kwargs: Any) -> Any:
     start = time.perf_counter()
     ok = False
     try:
-        r = httpx.post(url, **kwargs)
+        r = httpx.request(method, url, **kwargs)
         ok = r.status_code == 200
         return r
     finally:

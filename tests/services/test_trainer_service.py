@@ -97,7 +97,8 @@ def test_the_trainer_service_refuses_what_it_must(trainer2, tiny_checkpoint):
 def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harness, trainer2, tiny_checkpoint, even_task,
                                                                      monkeypatch):
     url, log = trainer2
-    sets = rl_overrides(tiny_checkpoint, "rltrainer", "hf", even_task, iterations=2)
+    # Iteration 0 is no save point: its weights are streamed from the service, nothing goes to the store.
+    sets = rl_overrides(tiny_checkpoint, "rltrainer", "hf", even_task, iterations=2) + ["train.save_interval=2"]
     local = invoke(["run", "--run-id", "rl-trainer-local"] + [x for s in sets for x in ("--set", s)])
     assert local["iterations_done"] == 2
     monkeypatch.setenv("RLPIPE_TRAINER_TOKEN", TOKEN)
@@ -118,6 +119,13 @@ def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harn
     done = store.get_json("runs/rl-trainer-svc/checkpoints/iter=1/_state_complete.json")
     assert done["weights_sha256"] == remote["final_policy_version"] == httpx.get(f"{url}/health").json()["version"]
     assert "model.safetensors" in done["files"] and any(f.startswith("deepspeed/") for f in done["files"])
+    assert not store.list("runs/rl-trainer-svc/checkpoints/iter=0")  # uploaded at save points only
+    assert history[0]["trainer/hash_s"] > 0 and history[0]["trainer/upload_s"] == 0
+    version, auth = remote["final_policy_version"], {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{url}/weights/{version}/0").status_code == 401  # the weights need the token
+    assert httpx.get(f"{url}/weights/{'0' * 64}/0", headers=auth).status_code == 409  # not the weights held
+    assert httpx.get(f"{url}/weights/{version}/99", headers=auth).status_code == 422
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
 def _two_rank_reference(url: str, sets: list[str]) -> str:

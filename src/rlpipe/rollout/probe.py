@@ -102,21 +102,19 @@ class SyncProof:
 
 
 def load_policy(engine: Any, folder: str | Path | None, weights_sha256: str, iteration: int, *,
-                adapter_sha256: str | None = None, state_uri: str | None = None, trainer: Any = None) -> str:
+                adapter_sha256: str | None = None, trainer: Any = None) -> str:
     """Put the trainer's new policy on the engine and check the hash it reports; returns the engine's hash.
 
     ``adapter_sha256`` (an engine started for adapter syncs): only the adapter in ``folder`` moves, and the
-    adapter the engine read must be the trainer's. ``state_uri``: replicas read the trainer service's own upload.
-    ``trainer`` (in this process) and an engine that takes tensors: the trainer's tensors are handed over in
-    memory, with the hash taken once after the update. Else the engine reloads the weights of ``folder``."""
+    adapter the engine read must be the trainer's. ``trainer`` and an engine that takes tensors: the trainer's
+    tensors are handed over in memory (an in-process trainer's own; a trainer service's streamed from it), with
+    the hash taken once after the update. Else the engine reloads the weights of ``folder``."""
     if adapter_sha256 is not None:
         got = engine.load_adapter(Path(folder), weights_sha256)
         if got != adapter_sha256:
             raise WeightSyncError(f"iteration {iteration}: engine {engine.name} read adapter {got[:12]}, the "
                                   f"trainer saved {adapter_sha256[:12]}")
         held = engine.weights_sha256()
-    elif state_uri and hasattr(engine, "load_uri"):
-        held = engine.load_uri(state_uri, weights_sha256)
     elif trainer is not None and hasattr(engine, "load_tensors"):
         digest, tensors = trainer.policy_tensors()
         if digest != weights_sha256:

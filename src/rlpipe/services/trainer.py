@@ -9,10 +9,13 @@ Endpoints (all but /health need the bearer token when RLPIPE_TRAINER_TOKEN is se
                   store and hold the weights ``sha256`` names) and builds the trainer; a resume state brings
                   the optimizer, critic, KL controller and RNG back.
   POST /update    {"run_id", "iteration", "stages": [stage prefixes], "dynamic_batch"?, "step_rewards",
-                   "extra_state"} → {"metrics", "weights_sha256", "state_prefix", "state_uri", "saved", timings}:
-                  every rank reads the scored trajectories from the store, the ranks take their optimizer
-                  steps together, and the resumable state (weights, tokenizer, DeepSpeed optimizer shards of
-                  every rank, trainer state, RNG) goes to the run's checkpoint prefix, marked whole last.
+                   "extra_state", "save"} → {"metrics", "weights_sha256", "buckets", "saved", "state_prefix"?,
+                   "state_uri"?, timings}: every rank reads the scored trajectories from the store, the ranks take
+                  their optimizer steps together; the new weights are hashed once and kept in ``buckets`` to stream;
+                  with ``save`` (a save point) the resumable state (weights, tokenizer, DeepSpeed optimizer shards
+                  of every rank, trainer state, RNG) goes to the run's checkpoint prefix, marked whole last.
+  GET  /weights/{sha256}/{k} → bucket k of the weights of the last update (safetensors bytes,
+                  :mod:`rlpipe.rollout.weight_stream`); 409 once another update replaced them.
   POST /logprobs  {"run_id", "prompts", "continuations"} → {"logprobs", "version"} (the weight-sync probe)
   GET  /stats, /metrics (Prometheus text)
 
@@ -115,6 +118,8 @@ class UpdateRequest(BaseModel):
     dynamic_batch: int | None = Field(None, ge=1, description="Dynamic sampling: keep this many groups with signal.")
     step_rewards: bool = False
     extra_state: dict[str, Any] = Field(default_factory=dict)
+    save: bool = Field(True, description="A save point: the resumable state goes to the store (else only the weights "
+                       "are kept, to stream).")
     timeout_s: float | None = Field(None, gt=0, le=86400)
 
 
@@ -190,6 +195,13 @@ def create_app(service: TrainerService, token: str | None = None):
                 if not store.stage_done(run_key(store, p, req.run_id)):
                     raise FileNotFoundError(f"stage {p} is not complete in the store (no manifest)")
             return service.submit({"op": "update"} | req.model_dump(exclude={"timeout_s"}), req.timeout_s)
+
+    @app.get("/weights/{sha256}/{k}")
+    def weights(sha256: str, k: int) -> Any:
+        from fastapi.responses import Response
+
+        with _served(service):
+            return Response(service.ranks.bucket(sha256, k), media_type="application/octet-stream")
 
     @app.post("/logprobs")
     def logprobs(req: LogprobsRequest) -> dict[str, Any]:

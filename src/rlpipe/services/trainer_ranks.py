@@ -43,6 +43,7 @@ class TrainerRanks:
         self.trainer: Any = None
         self.run_id: str | None = None
         self.version: str | None = None
+        self.buckets: tuple[str, list[bytes]] | None = None  # rank 0: the weights of the last update, to stream
 
     def execute(self, cmd: dict[str, Any]) -> dict[str, Any]:
         op = cmd["op"]
@@ -100,7 +101,7 @@ class TrainerRanks:
         train = dict(cmd["train"])
         if dirs["critic"]:
             train["critic"] = dict(train.get("critic") or {}) | {"model": dirs["critic"]}
-        self.trainer, self.run_id = None, None
+        self.trainer, self.run_id, self.buckets = None, None, None
         self.trainer = PolicyTrainer(model_dir=dirs["policy"], cfg=TrainConfig(**train), temperature=cmd["temperature"],
                                      seed=cmd["seed"], ref_model_dir=dirs["ref"], resume_dir=dirs["resume"],
                                      max_new_tokens=cmd.get("max_new_tokens"))
@@ -137,7 +138,32 @@ class TrainerRanks:
             os.kill(os.getpid(), 9)  # test hook: the service dies after the optimizer steps, before the state is saved
         if int(metrics.get("nonfinite_steps", 0)) >= self.trainer.cfg.max_nonfinite_steps:
             return {"metrics": metrics, "saved": False, "read_s": read_s, "update_s": update_s}
-        return self._save(cmd, metrics) | {"read_s": read_s, "update_s": update_s}
+        out = self._handoff(metrics)
+        if cmd.get("save", True):  # a save point: the resumable state into the store
+            out |= self._save(cmd, metrics)
+        return out | {"read_s": read_s, "update_s": update_s}
+
+    def _handoff(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """The new weights, hashed once and cut into buckets that rank 0 serves (``GET /weights/{sha}/{k}``) until
+        the next update: the sync streams them from here, never through the store."""
+        from rlpipe.rollout.weight_stream import encode_buckets
+
+        start = time.perf_counter()
+        digest, tensors = self.trainer.policy_tensors()  # every rank: under ZeRO-3 they gather onto rank 0
+        if self.rank == 0:
+            self.buckets = (digest, encode_buckets(tensors))
+        self.version = digest
+        return {"metrics": metrics, "saved": False, "weights_sha256": digest,
+                "buckets": len(self.buckets[1]) if self.rank == 0 else 0, "handoff_s": time.perf_counter() - start}
+
+    def bucket(self, sha256: str, k: int) -> bytes:
+        """Bucket ``k`` of the weights ``sha256`` (rank 0): LookupError when they are not the ones held now."""
+        if self.buckets is None or self.buckets[0] != sha256:
+            held = self.buckets[0][:12] if self.buckets else "none"
+            raise LookupError(f"the trainer serves weights {held}, not {sha256[:12]}: an update since replaced them")
+        if not 0 <= k < len(self.buckets[1]):
+            raise ValueError(f"bucket {k} out of range: the weights {sha256[:12]} come in {len(self.buckets[1])} bucket(s)")
+        return self.buckets[1][k]
 
     def _save(self, cmd: dict[str, Any], metrics: dict[str, float]) -> dict[str, Any]:
         """Each rank saves into its own folder and uploads what it wrote; rank 0 marks the state whole last."""

@@ -2,8 +2,9 @@
 
 Nothing moves but through the object store and HTTP: the start policy (and reference / critic models)
 are uploaded once under ``runs/<run>/trainer/<what>/<sha256[:16]>/``; a resume names the run's checkpoint
-prefix in the store; each update names the scored stages and gets back the sha256 of the new weights and
-the checkpoint prefix the service wrote them to, marked whole.
+prefix in the store; each update names the scored stages and gets back the sha256 of the new weights, which
+the sync streams from the service in buckets, and, at a save point, the checkpoint prefix the service wrote the
+resumable state to, marked whole.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class RemoteTrainer:
                 "critic": critic, "train": train, "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens}
         got = self._post("/init", body)
         self.version, self.world, self.rank = got["version"], int(got["world"]), 0
+        self._buckets, self._handoff = 0, None  # the last update's weights: bucket count, and once streamed
 
     def _resume(self, resume_dir: str) -> dict[str, str]:
         """The run's checkpoint in the store that ``resume_dir`` is a copy of (uploaded first if it is not there whole)."""
@@ -86,13 +88,41 @@ class RemoteTrainer:
         return r.json()
 
     def update_stages(self, stages: list[str], iteration: int, dynamic_batch: int | None, step_rewards: bool,
-                      extra_state: dict[str, Any]) -> dict[str, Any]:
-        """One update on the scored stages; the new state is in the store when ``saved``."""
-        out = self._post("/update", {"run_id": self.run_id, "iteration": iteration, "stages": stages,
+                      extra_state: dict[str, Any], save: bool = True) -> dict[str, Any]:
+        """One update on the scored stages; the service keeps the new weights to stream (:meth:`policy_tensors`),
+        and with ``save`` (a save point) writes the resumable state to the store (``saved``)."""
+        out = self._post("/update", {"run_id": self.run_id, "iteration": iteration, "stages": stages, "save": save,
                                      "dynamic_batch": dynamic_batch, "step_rewards": step_rewards, "extra_state": extra_state})
-        if out.get("saved"):
-            self.version = out["weights_sha256"]
+        if out.get("weights_sha256"):
+            self.version, self._buckets, self._handoff = out["weights_sha256"], int(out["buckets"]), None
         return out
+
+    def policy_tensors(self) -> tuple[str, dict[str, Any]]:
+        """The weights of the last update, streamed from the service in buckets (no store between) and checked
+        against the hash it took: (sha256, name → tensor), fetched once per update."""
+        import httpx
+
+        from rlpipe.rollout.base import WeightSyncError
+        from rlpipe.rollout.weight_stream import decode_buckets
+        from rlpipe.storage.weights import weights_sha256
+
+        if self._handoff is None:
+            parts = []
+            for k in range(self._buckets):
+                try:
+                    r = http_client.get("trainer", f"{self.url}/weights/{self.version}/{k}", timeout=self.timeout_s)
+                except httpx.HTTPError as e:
+                    raise TrainerDown(f"trainer service {self.url}: streaming weights: {type(e).__name__}: {e}") from None
+                if r.status_code != 200:
+                    raise WeightSyncError(f"trainer service {self.url}: bucket {k} of weights {self.version[:12]}: "
+                                          f"HTTP {r.status_code}: {r.text[:300]}")
+                parts.append(r.content)
+            tensors = decode_buckets(parts)
+            if (got := weights_sha256(tensors)) != self.version:
+                raise WeightSyncError(f"the weights streamed from {self.url} hash to {got[:12]}, the service reported "
+                                      f"{self.version[:12]}: the transfer was not whole")
+            self._handoff = (self.version, tensors)
+        return self._handoff
 
     def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
         return self._post("/logprobs", {"run_id": self.run_id, "prompts": prompts, "continuations": continuations})["logprobs"]
