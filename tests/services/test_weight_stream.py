@@ -117,8 +117,13 @@ def test_a_bad_stream_is_refused_the_replica_keeps_its_weights_and_the_next_stre
     refused(httpx.post(f"{url}/weights/stream/{stream}/commit"), 422, f"buckets [{len(buckets) - 1}] of {len(buckets)} are missing")
     past = buckets[0] + b"x" * (len(buckets[-1]) + 1)  # with the room of the missing bucket, one byte more
     refused(httpx.put(f"{url}/weights/stream/{stream}/0", content=past), 413, "exceed")
-    refused(httpx.put(f"{url}/weights/stream/{stream}/{len(buckets) - 1}", content=b"x" * len(buckets[-1])), 200, "")
-    refused(httpx.post(f"{url}/weights/stream/{stream}/commit"), 422, "is not safetensors bytes")
+    refused(httpx.put(f"{url}/weights/stream/{stream}/{len(buckets) - 1}", content=b"x" * len(buckets[-1])), 422,
+            f"bucket {len(buckets) - 1} is not safetensors bytes")
+    refused(httpx.post(f"{url}/weights/stream/{stream}/commit"), 422, "are missing")  # the bad body was not kept
+    stream = _begin(url, sha, other).json()["stream"]
+    for k, b in enumerate(other):
+        assert httpx.put(f"{url}/weights/stream/{stream}/{k}", content=b).status_code == 200
+    refused(httpx.post(f"{url}/weights/stream/{stream}/commit"), 422, "the stream declared")
     refused(httpx.post(f"{url}/weights/stream/{stream}/commit"), 404, "is not open")  # a failed commit closed it
     first = _begin(url, sha, buckets).json()["stream"]
     _begin(url, sha, buckets)  # a second begin drops the first stream

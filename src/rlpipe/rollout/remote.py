@@ -15,7 +15,7 @@ the buckets of a weight sync once and streams them to every live replica in para
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,14 @@ def upload_weights(store: Any, run_id: str, folder: str | Path) -> tuple[str, st
         for f in files:
             store.put_bytes(f"{key}/{f.name}", f.read_bytes())
     return store.url(key), sha
+
+
+def _pieces(data: bytes, size: int = 1 << 20) -> Iterator[memoryview]:
+    """``data`` in 1 MiB views, no copy: httpx sends one ``bytes`` body by re-slicing what the socket has not
+    taken yet, a copy per send, so a 64 MiB body went at ~110 MB/s on loopback and in pieces at ~370 MB/s."""
+    view = memoryview(data)
+    for start in range(0, len(data), size):
+        yield view[start:start + size]
 
 
 def _read_folder(folder: str | Path) -> tuple[dict[str, Any], str]:
@@ -96,7 +104,7 @@ class RemoteEngine:
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout_s)
         token = http_client.service_token("rollout")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = kwargs.pop("headers", {}) | ({"Authorization": f"Bearer {token}"} if token else {})
         try:
             r = self._client.request(method, f"{self.url}{path}", headers=headers, **kwargs)
         except httpx.HTTPError as e:
@@ -138,7 +146,8 @@ class RemoteEngine:
         stream = self._stream_call("POST", "/weights/stream/begin", json={
             "sha256": sha256, "buckets": len(buckets), "bytes": sum(len(b) for b in buckets)})["stream"]
         for k, data in enumerate(buckets):
-            self._stream_call("PUT", f"/weights/stream/{stream}/{k}", content=data)
+            self._stream_call("PUT", f"/weights/stream/{stream}/{k}", content=_pieces(data),
+                              headers={"Content-Length": str(len(data))})
         return self._loaded(self._stream_call("POST", f"/weights/stream/{stream}/commit"))
 
     def load_uri(self, uri: str, sha: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported by the caller that has tensors; importing this module stays light
     import torch
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "decode_buckets", "encode_buckets", "split_buckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "decode_bucket", "decode_buckets", "encode_buckets", "join_buckets", "split_buckets"]
 
 # 64 MiB: a few hundred ms per request on a local link, and a 7B bf16 model in ~230 requests.
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -61,19 +61,27 @@ def encode_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFA
     return out
 
 
-def decode_buckets(buckets: Iterable[bytes]) -> dict[str, torch.Tensor]:
-    """The tensors of every bucket as one dict. ValueError when a bucket is not safetensors bytes or a name
-    comes twice (two buckets of different streams mixed up)."""
+def decode_bucket(data: bytes | bytearray, k: int = 0) -> dict[str, torch.Tensor]:
+    """Bucket ``k``'s tensors; ValueError when ``data`` is not safetensors bytes."""
     from safetensors.torch import load
 
+    try:
+        return load(bytes(data))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for bad bytes
+        raise ValueError(f"bucket {k} is not safetensors bytes ({type(e).__name__}: {e})") from None
+
+
+def join_buckets(parts: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Decoded buckets as one dict; ValueError when a name comes twice (buckets of different streams mixed up)."""
     out: dict[str, torch.Tensor] = {}
-    for k, data in enumerate(buckets):
-        try:
-            part = load(bytes(data))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for bad bytes
-            raise ValueError(f"bucket {k} is not safetensors bytes ({type(e).__name__}: {e})") from None
+    for k, part in enumerate(parts):
         twice = sorted(set(part) & set(out))
         if twice:
             raise ValueError(f"bucket {k} repeats tensors of an earlier bucket: {twice[:3]}")
         out.update(part)
     return out
+
+
+def decode_buckets(buckets: Iterable[bytes]) -> dict[str, torch.Tensor]:
+    """The tensors of every bucket as one dict (:func:`decode_bucket`, then :func:`join_buckets`)."""
+    return join_buckets(decode_bucket(data, k) for k, data in enumerate(buckets))

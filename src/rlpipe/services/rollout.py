@@ -16,13 +16,13 @@ Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is se
                   a time: a begin drops the stream still open, if any (a sender that died mid-stream must not
                   lock the next sync out; the one writer is the run's weight sync). The buckets of a stream
                   left open are held in memory until the next begin.
-  PUT  /weights/stream/{stream}/{k}  raw body: bucket k's safetensors bytes (422 for k out of range, 413 when
-                  the bodies would exceed the declared bytes, 404 for a stream that is not the open one; a
-                  bucket sent again replaces the earlier body).
+  PUT  /weights/stream/{stream}/{k}  raw body: bucket k's safetensors bytes, decoded on arrival (422 for k out
+                  of range or bytes that are not safetensors, 413 when the bodies would exceed the declared
+                  bytes, 404 for a stream that is not the open one; a bucket sent again replaces the earlier).
   POST /weights/stream/{stream}/commit → {"version", "load_s", "tensors"}: 422 while buckets are missing (the
-                  stream stays open to take them); else the stream closes, its tensors are decoded and
-                  hashed — a hash other than the declared sha256 is 422 and the engine keeps its weights —
-                  and the engine reloads them in place (its read-back checked, as for /weights).
+                  stream stays open to take them); else the stream closes, its tensors are hashed — a hash
+                  other than the declared sha256 is 422 and the engine keeps its weights — and the engine
+                  reloads them in place (its read-back checked, as for /weights).
   GET  /stats, /metrics (Prometheus text)
 
 The engine runs one request at a time; up to ``max_queue`` more wait for their turn (429 beyond that),
@@ -64,17 +64,17 @@ class TooLarge(ValueError):
 
 @dataclass
 class WeightStream:
-    """An open weight stream: what was declared and the bucket bodies received so far."""
+    """An open weight stream: what was declared, and each bucket received so far, decoded, with its size."""
 
     id: str
     sha256: str
     n_buckets: int
     bytes: int
-    received: dict[int, bytes] = field(default_factory=dict)
+    received: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)
 
     def room(self, k: int) -> int:
         """The most bytes bucket ``k`` may have: the declared total less the other buckets'."""
-        return self.bytes - sum(len(b) for j, b in self.received.items() if j != k)
+        return self.bytes - sum(size for j, (size, _) in self.received.items() if j != k)
 
 
 def _stream_limit(model_dir: str | Path) -> int:
@@ -191,18 +191,23 @@ class RolloutService:
         with self._stream_lock:
             return self._open(stream_id, k).room(k)
 
-    def put_bucket(self, stream_id: str, k: int, data: bytes) -> None:
+    def put_bucket(self, stream_id: str, k: int, data: bytes | bytearray) -> None:
+        """Bucket ``k`` decoded as it arrives (while the next one travels) and kept; ValueError when it is not
+        safetensors bytes."""
+        from rlpipe.rollout.weight_stream import decode_bucket
+
+        tensors = decode_bucket(data, k)
         with self._stream_lock:
             s = self._open(stream_id, k)
             if len(data) > s.room(k):
                 raise TooLarge(f"bucket {k}: {len(data)} bytes exceed what stream {stream_id} declared "
                                f"({s.bytes} bytes in all, {s.room(k)} left for this bucket)")
-            s.received[k] = data
+            s.received[k] = (len(data), tensors)
 
     def take_stream(self, stream_id: str) -> tuple[str, dict[str, Any]]:
         """Close the open stream and return (its sha256, its tensors), proven whole: ValueError while buckets
         are missing (the stream stays open) or when the tensors' hash is not the declared one (it closes)."""
-        from rlpipe.rollout.weight_stream import decode_buckets
+        from rlpipe.rollout.weight_stream import join_buckets
         from rlpipe.storage.weights import weights_sha256
 
         with self._stream_lock:
@@ -212,7 +217,7 @@ class RolloutService:
                 raise ValueError(f"weight stream {stream_id}: buckets {missing[:5]} of {s.n_buckets} are missing; "
                                  "PUT them, then commit again")
             self._stream = None
-        tensors = decode_buckets(s.received[k] for k in range(s.n_buckets))
+        tensors = join_buckets(s.received[k][1] for k in range(s.n_buckets))
         s.received.clear()
         got = weights_sha256(tensors)
         if got != s.sha256:
@@ -351,6 +356,7 @@ def create_app(service: RolloutService, token: str | None = None):
 def _stream_endpoints(app: Any, service: RolloutService) -> None:
     """/weights/stream/…: begin, a PUT per bucket, commit (see the module docstring)."""
     from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
 
     @app.post("/weights/stream/begin")
     def stream_begin(req: StreamBegin) -> dict[str, Any]:
@@ -370,7 +376,7 @@ def _stream_endpoints(app: Any, service: RolloutService) -> None:
                 data += chunk
                 if len(data) > room:
                     raise TooLarge(f"bucket {k}: more than the {room} bytes stream {stream_id} has left for it")
-            service.put_bucket(stream_id, k, bytes(data))
+            await run_in_threadpool(service.put_bucket, stream_id, k, data)  # decoding: off the event loop
         return JSONResponse({"stream": stream_id, "bucket": k, "bytes": len(data)})
 
     app.add_route("/weights/stream/{stream_id}/{k:int}", stream_bucket, methods=["PUT"])
