@@ -1,6 +1,8 @@
-"""Where the DeepSpeed update's time goes at the demo size (issue 16: "a fast update").
+"""Where the DeepSpeed update's time goes (issue 16: "a fast update"), and its FLOP rate against this machine's
+measured peak (issue 43).
 
     .venv/bin/python benchmarks/profile_update.py --out /tmp/rlpipe-bench/update-profile.json
+    .venv/bin/python benchmarks/profile_update.py --model-size 100M --repeats 2    # ~110M parameters
 
 One process, the in-process trainer (`PolicyTrainer`, DeepSpeed on gloo) with the demo's training
 settings (`RunConfig().train`: 64 completions per optimizer step, one micro-batch per step, AdamW),
@@ -9,6 +11,12 @@ weights), and the demo's batch shape: 32 arithmetic prompts × 8 completions of 
 warm-up update, ``--repeats`` updates under cProfile: seconds per update, the share of each part
 (the log-probs before the first step, forward, backward, optimizer step, the per-token inputs'
 collation) and the share of padded positions the forward passes compute.
+
+FLOP rate: a forward and backward pass cost about 6 × (parameters in matrix multiplies) FLOPs per token they
+compute (2 forward, 4 backward; attention's own products are left out: they are under 2% at these lengths). The
+update's rate counts the positions it computes (padding included) and, as "useful", only real tokens; the peak is
+the best of a few float32 2048×2048 matrix products on the same threads (``torch.mm``), measured here.
+``--model-size`` takes ``scaling.py``'s MODELS (3M, 30M, 100M): an untrained model of that size.
 """
 
 from __future__ import annotations
@@ -87,9 +95,37 @@ def part_seconds(stats: pstats.Stats) -> dict[str, float]:
     return out
 
 
+def measured_peak_gflops(n: int = 2048, reps: int = 5) -> float:
+    """The best float32 matrix-product rate of this process's threads (GFLOP/s)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def flop_rate(trainer, batch: list, seconds: float, peak: float) -> dict[str, float]:
+    """The update's GFLOP/s by computed positions and by real tokens, and their share of ``peak``."""
+    matmul = sum(m.weight.numel() for m in trainer.module.modules() if type(m).__name__ == "Linear")
+    real = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch)
+    computed = real / (1 - padding_share(sorted(batch, key=lambda s: len(s.prompt_ids) + len(s.response_ids)),
+                                         trainer.cfg.micro_batch_size))
+    rate = {"computed": 6 * matmul * computed / seconds / 1e9, "useful": 6 * matmul * real / seconds / 1e9}
+    return {"matmul_params": matmul, "tokens": real, "gflops_computed": round(rate["computed"], 2),
+            "gflops_useful": round(rate["useful"], 2), "peak_gflops": round(peak, 1),
+            "share_of_peak_computed": round(rate["computed"] / peak, 3), "share_of_peak_useful": round(rate["useful"] / peak, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model-size", default=None, help="a key of scaling.py's MODELS (3M, 30M, 100M); default: the demo's")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="train.* overrides (e.g. train.precision=bf16)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/update-profile.json"))
     ap.add_argument("--top", type=int, default=25, help="print the top functions by own time")
     a = ap.parse_args()
@@ -97,8 +133,16 @@ def main() -> None:
     from rlpipe.config import RunConfig
     from rlpipe.training.trainer import PolicyTrainer
 
-    cfg = RunConfig()
-    folder = untrained_policy(cfg)
+    from rlpipe.config import load_config
+
+    cfg = load_config(None, a.set) if a.set else RunConfig()
+    if a.model_size:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from scaling import policy
+
+        folder, _ = policy(Path("/tmp/rlpipe-bench/sizes"), a.model_size)
+    else:
+        folder = untrained_policy(cfg)
     trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg.train, seed=0, max_new_tokens=cfg.rollout.max_new_tokens)
     batch = samples(trainer.tokenizer, cfg.rollout.batch_size, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens, 0)
     trainer.update(batch, 0)  # warm-up (allocations, first-call paths)
@@ -117,7 +161,15 @@ def main() -> None:
               "padding_share": round(padding_share(batch, cfg.train.micro_batch_size), 3),
               "padding_share_length_sorted": round(padding_share(sorted(batch, key=lambda s: len(s.prompt_ids) + len(
                   s.response_ids)), cfg.train.micro_batch_size), 3),
-              "torch_threads": __import__("torch").get_num_threads(), "cpus": os.cpu_count()}
+              "torch_threads": __import__("torch").get_num_threads(), "cpus": os.cpu_count(),
+              "model_size": a.model_size or "demo", "precision": cfg.train.precision}
+    plain = []  # the FLOP rate from updates without the profiler's per-call cost; the fastest: the least disturbed
+    for k in range(2):
+        t = time.perf_counter()
+        trainer.update(batch, a.repeats + 1 + k)
+        plain.append(time.perf_counter() - t)
+    result |= {"seconds_per_update_unprofiled": round(min(plain), 4)}
+    result |= flop_rate(trainer, batch, min(plain), measured_peak_gflops())
     print(json.dumps(result, indent=2))
     stats.sort_stats("tottime").print_stats(a.top)
     a.out.parent.mkdir(parents=True, exist_ok=True)

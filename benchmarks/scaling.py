@@ -9,8 +9,9 @@ same ``--home``, an RLPIPE_HOME of its own) on the arithmetic task, from an untr
 (its skill does not change the cost of an iteration, only how long its responses are: they end at EOS at
 random, so the measured mean response length is reported beside ``max_new_tokens``). GRPO with 8 samples per
 prompt, 4 optimizer steps per iteration (``train.batch_size`` = completions / 4, micro-batches of at most 64),
-a resumable state saved every iteration as always, held-out accuracy (20 questions) and the MLflow save point
-only at the end.
+held-out accuracy (20 questions) and the one save point (resumable state, MLflow version) at the end; with
+``--save-interval N`` a save point every N iterations (since issue 43 the state is written only at save points;
+before, every iteration). The "sync" column includes the new weights' hash, taken once at the update's end.
 
 Axes (a point shared by two axes runs once):
   batch   the ~3.4M-parameter default model, ≤8 new tokens: 64, 256, 1024 completions per iteration
@@ -82,13 +83,13 @@ def policy(home: Path, name: str) -> tuple[Path, int]:
     return folder, sum(p.numel() for p in model.parameters())
 
 
-def overrides(p: Point, folder: Path, iterations: int, engine: str) -> list[str]:
+def overrides(p: Point, folder: Path, iterations: int, engine: str, save_interval: int | None = None) -> list[str]:
     train_batch = p.completions // STEPS_PER_ITERATION
     return [f"task.policy_model={folder}", "task.name=scaling", "tracking.experiment=scaling", f"rollout.engine={engine}",
             f"rollout.batch_size={p.completions // SAMPLES_PER_PROMPT}", f"rollout.samples_per_prompt={SAMPLES_PER_PROMPT}",
             f"rollout.max_new_tokens={p.max_new_tokens}", f"train.batch_size={train_batch}",
             f"train.micro_batch_size={min(64, train_batch)}", f"train.total_iterations={iterations}",
-            f"train.save_interval={iterations}", f"train.eval_interval={iterations}", "train.eval_size=20",
+            f"train.save_interval={save_interval or iterations}", f"train.eval_interval={iterations}", "train.eval_size=20",
             # An untrained model scores 0 on every answer: that alert (critical) would hold the run.
             "alerts.reward_flat.enabled=false", "tracking.system_metrics_s=null"]
 
@@ -116,6 +117,7 @@ def measure(history: list[dict[str, Any]]) -> dict[str, Any]:
 
     total = mean("time/iteration_total_s") - mean("time/eval_s")
     seconds = {k: mean(f"time/{k}_s") for k in STAGES[:-1]}
+    seconds["sync"] += mean("trainer/hash_s")  # the new weights' hash, taken once at the update's end (since issue 43)
     seconds["other"] = total - sum(seconds.values())
     overhead = total - seconds["generate"] - seconds["verify"] - seconds["update"]
     return {
@@ -155,27 +157,28 @@ def plan(axes: list[str], quick: bool) -> dict[str, list[Point]]:
     return {a: AXES[a][1][:1] if quick else AXES[a][1] for a in axes}
 
 
-def measure_point(p: Point, home: Path, iterations: int, engine: str, env: dict[str, str]) -> dict[str, Any]:
+def measure_point(p: Point, home: Path, iterations: int, engine: str, env: dict[str, str],
+                  save_interval: int | None = None) -> dict[str, Any]:
     """Build (once) the point's model, run it, and read its history."""
     from rlpipe.config import settings
     from rlpipe.history import read_history
 
     folder, params = policy(home, p.model)
     run_id = f"scaling-{p.model}-c{p.completions}-t{p.max_new_tokens}-{int(time.time())}"
-    wall = run(overrides(p, folder, iterations, engine), env, run_id, home / "logs" / f"{run_id}.log")
+    wall = run(overrides(p, folder, iterations, engine, save_interval), env, run_id, home / "logs" / f"{run_id}.log")
     history = read_history(settings(env).run_dir(run_id))
     return asdict(p) | {"params": params, "run_id": run_id, "run_wall_s": round(wall, 1)} | measure(history)
 
 
 def run_all(points: list[Point], home: Path, iterations: int, engine: str,
-            env: dict[str, str]) -> dict[Point, dict[str, Any]]:
+            env: dict[str, str], save_interval: int | None = None) -> dict[Point, dict[str, Any]]:
     """Each point once, in order, with a progress line before and after."""
     done: dict[Point, dict[str, Any]] = {}
     start, n = time.perf_counter(), len(points)
     for k, p in enumerate(points, 1):
         print(f"[scaling] point {k}/{n}: {p.model} model, {p.completions} completions, ≤{p.max_new_tokens} new tokens, "
               f"{iterations} iterations ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
-        done[p] = r = measure_point(p, home, iterations, engine, env)
+        done[p] = r = measure_point(p, home, iterations, engine, env, save_interval)
         print(f"[scaling] point {k}/{n} done: {r['params']:,} params, {r['seconds_per_iteration']:.3f} s/iteration, "
               f"dominant {r['dominant']}, run {r['run_wall_s']:.0f} s ({time.perf_counter() - start:.0f} s elapsed)",
               flush=True)
@@ -190,13 +193,16 @@ def main() -> None:
     ap.add_argument("--home", type=Path, default=Path("/tmp/rlpipe-bench/scaling"))
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/scaling.json"))
     ap.add_argument("--quick", action="store_true", help="smoke test: 2 iterations, the smallest point of each axis")
+    ap.add_argument("--save-interval", type=int, default=None,
+                    help="train.save_interval (default: the run's length, so the one save point is its last iteration)")
     a = ap.parse_args()
     iterations = 2 if a.quick else max(2, a.iterations)
     env = os.environ | {"RLPIPE_HOME": str(a.home), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
     env = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | env
     points = plan(list(AXES) if a.axis == "all" else [a.axis], a.quick)
     start = time.perf_counter()
-    done = run_all(list(dict.fromkeys(p for ps in points.values() for p in ps)), a.home, iterations, a.engine, env)
+    done = run_all(list(dict.fromkeys(p for ps in points.values() for p in ps)), a.home, iterations, a.engine, env,
+                   a.save_interval)
     wall = round(time.perf_counter() - start, 1)
     out = {"engine": a.engine, "iterations": iterations, "cpus": os.cpu_count(), "wall_s": wall,
            "axes": {axis: [done[p] for p in ps] for axis, ps in points.items()}}

@@ -68,9 +68,10 @@ def _resume_point(ctx: RunContext, dataset_version: str, allow_change: bool) -> 
     progress = state.history_out_of_progress(progress)
     done = latest.completed_iteration if latest else k
     ctx.logged_through = done
-    log.info("resuming run %s after iteration %d from %s (%s)%s", run_id, k, progress.resume_dir or "the start policy",
-             "this machine" if where else state.store.url(progress.resume_state),
-             f"; iterations {k + 1}..{done} (done after that save point) are redone" if done > k else "")
+    (log.warning if done > k else log.info)(  # redoing iterations is worth a person's notice
+        "resuming run %s after iteration %d from %s (%s)%s", run_id, k, progress.resume_dir or "the start policy",
+        "this machine" if where else state.store.url(progress.resume_state),
+        f"; iterations {k + 1}..{done} (done after that save point) are redone" if done > k else "")
     return progress, changes
 
 

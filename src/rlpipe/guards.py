@@ -13,11 +13,16 @@ from typing import Any
 from rlpipe.rewards.guards import RewardCircuitOpen, SandboxFloorError
 
 __all__ = [
-    "NonFiniteUpdate", "RewardCircuitOpen", "SandboxFloorError", "StaleBatchError", "check_dynamic",
+    "NonFiniteUpdate", "RewardCircuitOpen", "SandboxFloorError", "StaleBatchError", "WeightSyncError", "check_dynamic",
     "check_nonfinite", "check_staleness",
 ]
 
 _LOG = logging.getLogger("rlpipe")
+
+
+class WeightSyncError(RuntimeError):
+    """The weights an engine holds after a reload are not the ones the trainer exported (or a transfer of them
+    was not whole)."""
 
 
 class NonFiniteUpdate(RuntimeError):

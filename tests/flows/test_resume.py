@@ -74,25 +74,25 @@ def test_kill_at_every_stage_boundary_resumes_to_the_same_weights(api, reference
 
 def test_between_save_points_nothing_is_written_and_a_kill_redoes_from_the_last(api, reference):
     """train.save_interval 2 over 3 iterations: save points after iterations 1 and 2 only. Killed after
-    iteration 0's sync (no state written: the weights went to the engine in memory), then half-way through the
+    iteration 0 (no state written: the weights went to the engine in memory), then half-way through the
     asynchronous save of iteration 1, the run resumes each time from its last complete save point (the start),
     redoes the iterations after it, and lands on the weights of the uninterrupted run saved every iteration."""
     sets, ref = reference
     sets = sets + ["train.save_interval=2"]
     run_dir = settings().run_dir("rl-sparse")
-    killed = _cli(_args("rl-sparse", sets), {"RLPIPE_FAULT": "0:sync"}, api)
+    killed = _cli(_args("rl-sparse", sets), {"RLPIPE_FAULT": "1:verify"}, api)  # iteration 0 done, then killed
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert not list((run_dir / "state").glob("iter=*"))  # nothing on disk between save points
-    assert json.loads((run_dir / "progress.json").read_text())["completed_iteration"] == -1
+    assert json.loads((run_dir / "progress.json").read_text())["completed_iteration"] == 0
     killed = _cli(_args("rl-sparse", sets), {"RLPIPE_FAULT": "1:save"}, api)
     assert killed.returncode == -9, killed.stderr[-3000:]
+    assert "after iteration -1 from the start policy" in killed.stderr
     assert "iterations 0..0 (done after that save point) are redone" in killed.stderr
-    assert json.loads((run_dir / "progress.json").read_text())["completed_iteration"] == 0
     assert json.loads((run_dir / "resume.json").read_text())["completed_iteration"] == -1  # the save was not whole
     assert not (run_dir / "state" / "iter=1" / "trainer_state.json").exists()
     done = _cli(_args("rl-sparse", sets), {}, api)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "iterations 0..1 (done after that save point) are redone" in done.stderr
+    assert "iterations 0..0 (done after that save point) are redone" in done.stderr
     got = json.loads((run_dir / "summary.json").read_text())
     assert got["final_policy_version"] == ref["final_policy_version"]  # the same weights, bit for bit
     assert json.loads((run_dir / "resume.json").read_text())["completed_iteration"] == 2

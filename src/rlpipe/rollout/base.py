@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlpipe.guards import WeightSyncError
 
-class WeightSyncError(RuntimeError):
-    """The weights an engine holds after a reload are not the ones the trainer exported."""
+__all__ = ["Completion", "RolloutEngine", "SamplingConfig", "WeightSyncError"]
 
 
 @dataclass(frozen=True)

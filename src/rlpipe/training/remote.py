@@ -102,8 +102,8 @@ class RemoteTrainer:
         against the hash it took: (sha256, name → tensor), fetched once per update."""
         import httpx
 
-        from rlpipe.rollout.base import WeightSyncError
         from rlpipe.rollout.weight_stream import decode_buckets
+        from rlpipe.guards import WeightSyncError
         from rlpipe.storage.weights import weights_sha256
 
         if self._handoff is None:
