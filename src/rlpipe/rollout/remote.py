@@ -98,7 +98,8 @@ class RemoteEngine:
 
     def _stream_call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One request of a weight stream, on this engine's own connection: a new client per request (as
-        ``http_client.post`` makes) costs ~35 ms of TLS set-up even for http://, and a stream makes 2 + buckets."""
+        ``http_client.post`` makes) loads the CA bundle into an SSL context, ~35 ms even for http://, and a
+        stream makes 2 + buckets requests."""
         import httpx
 
         if self._client is None:
