@@ -13,7 +13,10 @@ top_p 1, at most 8 new tokens, no KL, AdamW lr 3e-5 constant with betas (0.9, 0.
 decay, gradient-norm clip 1.0, PPO clip 0.2, token-mean loss over each 64-completion step, fp32,
 seed 0, HF generate (no vLLM). "Samples" everywhere means completions.
 
-Output JSON: seconds per 256 completions, total wall time, greedy held-out accuracy on the test
+The batch options (--prompts-per-iter, --num-generations, --completions-per-step, --eval-size) are
+grpo_loop.py's too; benchmarks/run_sizes.sh gives both the same ones at ~30M and ~110M parameters.
+
+Output JSON: seconds per 256 completions (and per completion), total wall time, greedy held-out accuracy on the test
 split before and after training, completions used, and the per-iteration training reward.
 """
 
@@ -353,6 +356,7 @@ def main(args: argparse.Namespace) -> None:
         "optimizer_steps": trainer.state.global_step,
         "seconds_per_256_completions": (sum(secs) / len(secs)) * 256 / per_iter if secs else None,
         "seconds_per_256_completions_excl_first": (sum(steady) / len(steady)) * 256 / per_iter if steady else None,
+        "seconds_per_completion_excl_first": (sum(steady) / len(steady)) / per_iter if steady else None,
         "iteration_seconds": secs,
         "cpu_s_per_iteration": (sum(timer.iter_cpu_s[1:]) / len(timer.iter_cpu_s[1:])) if len(timer.iter_cpu_s) > 1 else None,
         "train_seconds": train_seconds,
