@@ -12,7 +12,7 @@ import torch
 from rlpipe.rollout.hf_engine import HFEngine
 from rlpipe.rollout.probe import max_gap
 from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine
-from rlpipe.rollout.weight_stream import decode_buckets, encode_buckets, split_buckets
+from rlpipe.storage.weight_stream import decode_buckets, encode_buckets, split_buckets
 from rlpipe.storage.weights import load_safetensors_folder, weights_sha256
 from tests.services.test_rollout_service import PROMPTS, _serve, perturbed, store  # noqa: F401 - fixture re-used
 

@@ -2,7 +2,7 @@
 interface as an in-process engine, so that one iteration flow serves both.
 
 :class:`RemoteEngine` is one replica. The trainer's weights reach it over HTTP, with no object store between:
-``load_tensors`` cuts them into safetensors buckets (:mod:`rlpipe.rollout.weight_stream`) and streams them to
+``load_tensors`` cuts them into safetensors buckets (:mod:`rlpipe.storage.weight_stream`) and streams them to
 the replica's ``/weights/stream/…`` endpoints with their sha256, which the replica checks on what it received
 before the reload (the transfer's proof) and the engine's read-back checks after. ``load_weights(folder)``
 reads the folder and streams the same way. ``load_uri`` remains for weights already in the run's store (the
@@ -22,7 +22,7 @@ from typing import Any
 
 from rlpipe import http_client
 from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
-from rlpipe.rollout.weight_stream import DEFAULT_BUCKET_BYTES
+from rlpipe.storage.weight_stream import DEFAULT_BUCKET_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class RemoteEngine:
 
     def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
         """``tensors`` (hashed by the caller: ``sha256``) streamed to the replica in buckets; the version it holds."""
-        from rlpipe.rollout.weight_stream import encode_buckets
+        from rlpipe.storage.weight_stream import encode_buckets
 
         return self.send_buckets(encode_buckets(tensors, self.bucket_bytes), sha256)
 
@@ -257,7 +257,7 @@ class ReplicatedEngine:
 
     def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
         """``tensors`` encoded once and streamed to every live replica in parallel; the version they all hold."""
-        from rlpipe.rollout.weight_stream import encode_buckets
+        from rlpipe.storage.weight_stream import encode_buckets
 
         buckets = encode_buckets(tensors, self.live()[0].bucket_bytes)
         return self._same(self._each(lambda replica: replica.send_buckets(buckets, sha256)))

@@ -10,7 +10,7 @@ Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is se
   POST /weights   {"uri", "sha256"} → {"version", "load_s", "tensors"}: loads the *.safetensors under
                   ``uri`` — which must lie under ``runs/`` of the service's own object store — checks
                   their sha256 before and the engine's read-back after, and reloads in place.
-  The trainer's weights streamed in buckets (:mod:`rlpipe.rollout.weight_stream`), no object store between:
+  The trainer's weights streamed in buckets (:mod:`rlpipe.storage.weight_stream`), no object store between:
   POST /weights/stream/begin {"sha256", "buckets", "bytes"} → {"stream", "max_bytes"}: opens a stream of
                   ``buckets`` bodies of ``bytes`` bytes in all (413 beyond ``max_stream_bytes``). One stream at
                   a time: a begin drops the stream still open, if any (a sender that died mid-stream must not
@@ -194,7 +194,7 @@ class RolloutService:
     def put_bucket(self, stream_id: str, k: int, data: bytes | bytearray) -> None:
         """Bucket ``k`` decoded as it arrives (while the next one travels) and kept; ValueError when it is not
         safetensors bytes."""
-        from rlpipe.rollout.weight_stream import decode_bucket
+        from rlpipe.storage.weight_stream import decode_bucket
 
         tensors = decode_bucket(data, k)
         with self._stream_lock:
@@ -207,7 +207,7 @@ class RolloutService:
     def take_stream(self, stream_id: str) -> tuple[str, dict[str, Any]]:
         """Close the open stream and return (its sha256, its tensors), proven whole: ValueError while buckets
         are missing (the stream stays open) or when the tensors' hash is not the declared one (it closes)."""
-        from rlpipe.rollout.weight_stream import join_buckets
+        from rlpipe.storage.weight_stream import join_buckets
         from rlpipe.storage.weights import weights_sha256
 
         with self._stream_lock:

@@ -15,7 +15,7 @@ Endpoints (all but /health need the bearer token when RLPIPE_TRAINER_TOKEN is se
                   with ``save`` (a save point) the resumable state (weights, tokenizer, DeepSpeed optimizer shards
                   of every rank, trainer state, RNG) goes to the run's checkpoint prefix, marked whole last.
   GET  /weights/{sha256}/{k} → bucket k of the weights of the last update (safetensors bytes,
-                  :mod:`rlpipe.rollout.weight_stream`); 409 once another update replaced them.
+                  :mod:`rlpipe.storage.weight_stream`); 409 once another update replaced them.
   POST /logprobs  {"run_id", "prompts", "continuations"} → {"logprobs", "version"} (the weight-sync probe)
   GET  /stats, /metrics (Prometheus text)
 

@@ -146,7 +146,7 @@ class TrainerRanks:
     def _handoff(self, metrics: dict[str, float]) -> dict[str, Any]:
         """The new weights, hashed once and cut into buckets that rank 0 serves (``GET /weights/{sha}/{k}``) until
         the next update: the sync streams them from here, never through the store."""
-        from rlpipe.rollout.weight_stream import encode_buckets
+        from rlpipe.storage.weight_stream import encode_buckets
 
         start = time.perf_counter()
         digest, tensors = self.trainer.policy_tensors()  # every rank: under ZeRO-3 they gather onto rank 0

@@ -102,7 +102,7 @@ class RemoteTrainer:
         against the hash it took: (sha256, name → tensor), fetched once per update."""
         import httpx
 
-        from rlpipe.rollout.weight_stream import decode_buckets
+        from rlpipe.storage.weight_stream import decode_buckets
         from rlpipe.guards import WeightSyncError
         from rlpipe.storage.weights import weights_sha256
 

@@ -1,7 +1,9 @@
 """Weights on the wire: a name → tensor dict cut into buckets of safetensors bytes, and joined back.
 
 The trainer's weights reach a rollout replica over HTTP in buckets (``RemoteEngine.load_tensors`` sends,
-``rlpipe serve rollout`` receives), not through an object-store upload that every replica downloads again.
+``rlpipe serve rollout`` receives; the trainer service serves its new weights the same way), not through an
+object-store upload that every replica downloads again. It sits on the storage floor, beside the weight hash,
+so that both the trainer and the rollout side use it.
 A bucket holds whole tensors, in name order, up to ``bucket_bytes`` of tensor data; a tensor larger than that
 gets a bucket of its own. Each bucket is a complete safetensors file in memory (``safetensors.torch.save``):
 names, dtypes and shapes travel with the bytes, so a bucket decodes on its own and bf16 stays bf16.
