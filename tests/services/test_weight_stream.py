@@ -11,8 +11,8 @@ import torch
 
 from rlpipe.rollout.hf_engine import HFEngine
 from rlpipe.rollout.probe import max_gap
-from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine
-from rlpipe.storage.weight_stream import decode_buckets, encode_buckets, split_buckets
+from rlpipe.rollout.remote import Buckets, RemoteEngine, ReplicatedEngine
+from rlpipe.storage.weight_stream import bytes_bound, decode_buckets, encode_buckets, split_buckets
 from rlpipe.storage.weights import load_safetensors_folder, weights_sha256
 from tests.services.test_rollout_service import PROMPTS, _serve, perturbed, store  # noqa: F401 - fixture re-used
 
@@ -38,6 +38,7 @@ def test_buckets_join_back_to_the_same_tensors_in_name_order():
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and back[name].shape == t.shape and torch.equal(back[name], t), name
     assert weights_sha256(back) == weights_sha256(tensors)
+    assert 0 <= bytes_bound(tensors, names) - sum(map(len, buckets)) <= 1000  # the size a stream declares first
     assert len(encode_buckets(tensors)) == 1  # the default bucket (64 MiB) takes them all
     with pytest.raises(ValueError, match="bucket 1 repeats tensors of an earlier bucket"):
         decode_buckets([buckets[0], buckets[0]])
@@ -45,6 +46,18 @@ def test_buckets_join_back_to_the_same_tensors_in_name_order():
         decode_buckets([b"not safetensors"])
     with pytest.raises(ValueError, match="bucket_bytes=0"):
         split_buckets(tensors, 0)
+
+
+def test_the_sender_encodes_each_bucket_once_and_lets_it_go_once_every_replica_took_it(tiny_checkpoint):
+    tensors = load_safetensors_folder(tiny_checkpoint)
+    want = encode_buckets(tensors, BUCKET)
+    lazy = Buckets(tensors, BUCKET, readers=2)
+    assert len(lazy) == len(want) and lazy.bound >= sum(map(len, want))
+    assert lazy.take(0) == want[0] and lazy._made.keys() == {0}  # kept for the second replica
+    assert lazy.take(1) == want[1] and lazy._made.keys() == {0, 1}
+    assert lazy.take(0) == want[0] and lazy._made.keys() == {1}  # both took it: let go
+    with pytest.raises(ValueError, match="no tensors to send"):
+        Buckets({}, BUCKET, readers=1)
 
 
 @pytest.fixture

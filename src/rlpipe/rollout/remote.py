@@ -9,12 +9,13 @@ reads the folder and streams the same way. ``load_uri`` remains for weights alre
 trainer service's upload): the replica downloads those itself.
 :class:`ReplicatedEngine` splits the prompts of a request across replicas in consecutive blocks (prompt ``i`` keeps
 the seed ``seed + i`` it has in-process on vLLM) and moves a dead replica's share to the live ones. It encodes
-the buckets of a weight sync once and streams them to every live replica in parallel.
+each bucket of a weight sync once and streams them to every live replica in parallel (:class:`Buckets`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,6 +53,39 @@ def _pieces(data: bytes, size: int = 1 << 20) -> Iterator[memoryview]:
     view = memoryview(data)
     for start in range(0, len(data), size):
         yield view[start:start + size]
+
+
+class Buckets:
+    """The buckets of one weight sync, each encoded once, on first demand, and let go once each of ``readers``
+    replicas took it: the sender holds the buckets between its fastest and slowest replica, not a second copy
+    of the whole model (14 GB for a 7B model in bf16). ``bound``: the size a stream declares up front."""
+
+    def __init__(self, tensors: Mapping[str, Any], bucket_bytes: int, readers: int):
+        from rlpipe.storage.weight_stream import bytes_bound, split_buckets
+
+        if not tensors:
+            raise ValueError("no tensors to send")
+        self.tensors, self.names = tensors, split_buckets(tensors, bucket_bytes)
+        self.bound = bytes_bound(tensors, self.names)
+        self._made: dict[int, bytes] = {}
+        self._left = [readers] * len(self.names)
+        self._locks = [threading.Lock() for _ in self.names]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def take(self, k: int) -> bytes:
+        """Bucket ``k``'s safetensors bytes, for one reader."""
+        from rlpipe.storage.weight_stream import encode_bucket
+
+        with self._locks[k]:
+            data = self._made.get(k) or encode_bucket(self.tensors, self.names[k])
+            self._left[k] -= 1
+            if self._left[k] > 0:
+                self._made[k] = data
+            else:
+                self._made.pop(k, None)
+        return data
 
 
 def _read_folder(folder: str | Path) -> tuple[dict[str, Any], str]:
@@ -138,17 +172,21 @@ class RemoteEngine:
 
     def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
         """``tensors`` (hashed by the caller: ``sha256``) streamed to the replica in buckets; the version it holds."""
-        from rlpipe.storage.weight_stream import encode_buckets
+        return self.send_buckets(Buckets(tensors, self.bucket_bytes, readers=1), sha256)
 
-        return self.send_buckets(encode_buckets(tensors, self.bucket_bytes), sha256)
-
-    def send_buckets(self, buckets: list[bytes], sha256: str) -> str:
-        """Encoded buckets to the replica: begin, one PUT per bucket, commit; the version it then holds."""
+    def send_buckets(self, buckets: Buckets, sha256: str) -> str:
+        """The buckets to the replica: begin, one PUT per bucket (the next one encoded meanwhile), commit; the
+        version it then holds."""
         stream = self._stream_call("POST", "/weights/stream/begin", json={
-            "sha256": sha256, "buckets": len(buckets), "bytes": sum(len(b) for b in buckets)})["stream"]
-        for k, data in enumerate(buckets):
-            self._stream_call("PUT", f"/weights/stream/{stream}/{k}", content=_pieces(data),
-                              headers={"Content-Length": str(len(data))})
+            "sha256": sha256, "buckets": len(buckets), "bytes": buckets.bound})["stream"]
+        with ThreadPoolExecutor(1) as ahead:
+            nxt = ahead.submit(buckets.take, 0)
+            for k in range(len(buckets)):
+                data = nxt.result()
+                if k + 1 < len(buckets):
+                    nxt = ahead.submit(buckets.take, k + 1)
+                self._stream_call("PUT", f"/weights/stream/{stream}/{k}", content=_pieces(data),
+                                  headers={"Content-Length": str(len(data))})
         return self._loaded(self._stream_call("POST", f"/weights/stream/{stream}/commit"))
 
     def load_uri(self, uri: str, sha: str) -> str:
@@ -257,9 +295,8 @@ class ReplicatedEngine:
 
     def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
         """``tensors`` encoded once and streamed to every live replica in parallel; the version they all hold."""
-        from rlpipe.storage.weight_stream import encode_buckets
-
-        buckets = encode_buckets(tensors, self.live()[0].bucket_bytes)
+        live = self.live()
+        buckets = Buckets(tensors, live[0].bucket_bytes, readers=len(live))
         return self._same(self._each(lambda replica: replica.send_buckets(buckets, sha256)))
 
     def load_uri(self, uri: str, sha: str) -> str:

@@ -12,7 +12,7 @@ Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is se
                   their sha256 before and the engine's read-back after, and reloads in place.
   The trainer's weights streamed in buckets (:mod:`rlpipe.storage.weight_stream`), no object store between:
   POST /weights/stream/begin {"sha256", "buckets", "bytes"} → {"stream", "max_bytes"}: opens a stream of
-                  ``buckets`` bodies of ``bytes`` bytes in all (413 beyond ``max_stream_bytes``). One stream at
+                  ``buckets`` bodies of at most ``bytes`` bytes in all (413 beyond ``max_stream_bytes``). One stream at
                   a time: a begin drops the stream still open, if any (a sender that died mid-stream must not
                   lock the next sync out; the one writer is the run's weight sync). The buckets of a stream
                   left open are held in memory until the next begin.
@@ -271,7 +271,7 @@ class WeightsRequest(BaseModel):
 class StreamBegin(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The weights' sha256 (rlpipe's tensor hash), the transfer's proof.")
     buckets: int = Field(ge=1, le=MAX_BUCKETS, description="How many buckets (PUT bodies) the stream has.")
-    bytes: int = Field(ge=1, description="The bodies' bytes in all.")
+    bytes: int = Field(ge=1, description="The bodies' bytes in all, or a bound on them: no more are taken.")
 
 
 def _completion(c: Completion) -> dict[str, Any]:

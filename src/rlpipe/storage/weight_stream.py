@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported by the caller that has tensors; importing this module stays light
     import torch
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "decode_bucket", "decode_buckets", "encode_buckets", "join_buckets", "split_buckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "bytes_bound", "decode_bucket", "decode_buckets", "encode_bucket", "encode_buckets",
+           "join_buckets", "split_buckets"]
 
 # 64 MiB: a few hundred ms per request on a local link, and a 7B bf16 model in ~230 requests.
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -43,24 +44,41 @@ def split_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAU
     return buckets
 
 
-def encode_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[bytes]:
-    """Each bucket of :func:`split_buckets` as safetensors bytes (tensors moved to the CPU, made contiguous;
+def encode_bucket(tensors: Mapping[str, torch.Tensor], names: list[str]) -> bytes:
+    """The tensors ``names`` of ``tensors`` as one bucket of safetensors bytes (moved to the CPU, made contiguous;
     tensors sharing memory are copied apart, which safetensors requires)."""
     from safetensors.torch import save
 
+    seen: set[int] = set()
+    part = {}
+    for name in names:
+        t = tensors[name].detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        part[name] = t.clone() if ptr in seen and t.numel() else t
+        seen.add(ptr)
+    return save(part)
+
+
+def encode_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[bytes]:
+    """Each bucket of :func:`split_buckets` as safetensors bytes (:func:`encode_bucket`)."""
     if not tensors:
         raise ValueError("no tensors to send")
-    out = []
-    for names in split_buckets(tensors, bucket_bytes):
-        seen: set[int] = set()
-        part = {}
+    return [encode_bucket(tensors, names) for names in split_buckets(tensors, bucket_bytes)]
+
+
+def bytes_bound(tensors: Mapping[str, torch.Tensor], buckets: list[list[str]]) -> int:
+    """At least the bytes :func:`encode_bucket` makes of ``buckets`` in all, known before any is encoded (a
+    stream declares its size up front and sends each bucket as soon as it is made): the tensor data, and per
+    tensor its header entry ``"name":{"dtype":"BF16","shape":[…],"data_offsets":[a,b]},`` with every number
+    at most 20 digits; per bucket the 8-byte header length, the braces and the padding to 8 bytes."""
+    import json
+
+    size = 32 * len(buckets)
+    for names in buckets:
         for name in names:
-            t = tensors[name].detach().to("cpu").contiguous()
-            ptr = t.untyped_storage().data_ptr()
-            part[name] = t.clone() if ptr in seen and t.numel() else t
-            seen.add(ptr)
-        out.append(save(part))
-    return out
+            t = tensors[name]
+            size += t.numel() * t.element_size() + len(json.dumps(name)) + 64 + 21 * (t.dim() + 2)
+    return size
 
 
 def decode_bucket(data: bytes | bytearray, k: int = 0) -> dict[str, torch.Tensor]:
