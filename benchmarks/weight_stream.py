@@ -13,8 +13,9 @@ load changes the weights, three ways to put a set on every replica:
   store   the path before streaming: ``upload_weights`` (hash the folder, put its files in the store under
           runs/<run>/weights/<sha>), then every replica's ``/weights`` in parallel (download, hash, reload,
           read back); the upload is deleted afterwards, untimed.
-  folder  ``ReplicatedEngine.load_weights(folder)``: read and hash the folder once, encode the 64 MiB buckets
-          once, stream them to every replica in parallel; each decodes, hashes and reloads.
+  folder  ``ReplicatedEngine.load_weights(folder)``: read and hash the folder once, encode each 64 MiB bucket
+          once (the next while one is sent), stream them to every replica in parallel; each replica decodes
+          a bucket as it arrives, hashes the whole at the commit and reloads.
   memory  ``ReplicatedEngine.load_tensors(tensors, sha256)`` with the tensors and their hash already at
           hand: the run's sync with an in-process trainer (its hash is computed anyway, as the version).
 
