@@ -44,11 +44,12 @@ class RunFolder:
         return self.path / "progress.json"
 
     def read_progress(self) -> Progress | None:
-        p = self.progress_path
-        return Progress.from_dict(json.loads(p.read_text()), str(p)) if p.exists() else None
+        return _read(self.progress_path)
 
     def write_progress(self, progress: Progress) -> None:
-        write_atomic(self.progress_path, json.dumps(progress.to_dict(), indent=2, sort_keys=True), fsync=False)
+        """Every iteration, not synced to disk (a power cut may lose the last iteration's line); ``resume.json``,
+        synced, is what a resume continues from."""
+        _write(self.progress_path, progress, fsync=False)
 
     @property
     def resume_path(self) -> Path:
@@ -56,11 +57,10 @@ class RunFolder:
         return self.path / "resume.json"
 
     def read_resume(self) -> Progress | None:
-        p = self.resume_path
-        return Progress.from_dict(json.loads(p.read_text()), str(p)) if p.exists() else None
+        return _read(self.resume_path)
 
     def write_resume(self, progress: Progress) -> None:
-        write_atomic(self.resume_path, json.dumps(progress.to_dict(), indent=2, sort_keys=True))
+        _write(self.resume_path, progress, fsync=True)
 
     # -- history --------------------------------------------------------------------------------
     @property
@@ -109,3 +109,11 @@ class RunFolder:
 def write_summary(s: Settings, run_id: str, summary: dict[str, Any]) -> Path:
     """Write ``runs/<run_id>/summary.json`` atomically; returns its absolute path."""
     return RunFolder.of(s, run_id).write_summary(run_id, summary)
+
+
+def _read(path: Path) -> Progress | None:
+    return Progress.from_dict(json.loads(path.read_text()), str(path)) if path.exists() else None
+
+
+def _write(path: Path, progress: Progress, fsync: bool) -> None:
+    write_atomic(path, json.dumps(progress.to_dict(), indent=2, sort_keys=True), fsync=fsync)

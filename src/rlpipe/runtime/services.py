@@ -48,14 +48,8 @@ class RunServices:
         if self.saving is None:
             return 0.0
         iteration, folder, future = self.saving
-        start = time.perf_counter()
-        try:
-            future.result()
-        except Exception as e:
-            raise RuntimeError(f"writing save point {iteration} ({folder}) in the background failed: {e}") from e
-        finally:
-            self.saving = None
-        return time.perf_counter() - start
+        self.saving = None
+        return _waited(future, f"writing save point {iteration} ({folder}) in the background")
 
     def generate_ahead(self, iteration: int, work: Callable[[], Any]) -> None:
         """Run ``work`` (iteration ``iteration``'s first batch) on a thread now; the rollout of that iteration
@@ -70,14 +64,18 @@ class RunServices:
         if self.background is None or (self.background[0], draw) != (iteration, 0):
             return None
         _, future = self.background
-        start = time.perf_counter()
-        try:
-            future.result()
-        except Exception as e:
-            raise RuntimeError(f"iteration {iteration}: generating its batch ahead (rollout.prefetch) failed: {e}") from e
-        finally:
-            self.background = None
-        return time.perf_counter() - start
+        self.background = None
+        return _waited(future, f"iteration {iteration}: generating its batch ahead (rollout.prefetch)")
+
+
+def _waited(future: Future, what: str) -> float:
+    """Seconds waited for ``future``; its error as a RuntimeError saying ``what`` failed."""
+    start = time.perf_counter()
+    try:
+        future.result()
+    except Exception as e:
+        raise RuntimeError(f"{what} failed: {e}") from e
+    return time.perf_counter() - start
 
 
 def _on_thread(work: Callable[[], Any], name: str) -> Future:
