@@ -193,6 +193,7 @@ def main() -> None:
     ap.add_argument("--home", type=Path, default=Path("/tmp/rlpipe-bench/scaling"))
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/scaling.json"))
     ap.add_argument("--quick", action="store_true", help="smoke test: 2 iterations, the smallest point of each axis")
+    ap.add_argument("--models", default=None, help="only the points of these MODELS keys (comma-separated, e.g. 100M)")
     ap.add_argument("--save-interval", type=int, default=None,
                     help="train.save_interval (default: the run's length, so the one save point is its last iteration)")
     a = ap.parse_args()
@@ -200,6 +201,8 @@ def main() -> None:
     env = os.environ | {"RLPIPE_HOME": str(a.home), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
     env = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"} | env
     points = plan(list(AXES) if a.axis == "all" else [a.axis], a.quick)
+    if a.models:  # only these model sizes' points
+        points = {axis: [p for p in ps if p.model in a.models.split(",")] for axis, ps in points.items()}
     start = time.perf_counter()
     done = run_all(list(dict.fromkeys(p for ps in points.values() for p in ps)), a.home, iterations, a.engine, env,
                    a.save_interval)
