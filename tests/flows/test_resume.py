@@ -155,6 +155,40 @@ def test_progress_without_its_state_and_no_save_point_is_refused_not_restarted()
     assert _resume_point(RunContext.resolve(config, "rl-new"), "d1", allow_change=False)[0].completed_iteration == -1
 
 
+def test_a_resume_continues_from_the_last_save_point_and_cuts_the_history_back_to_it(tmp_path):
+    """resume.json (the last save point) wins over progress.json (further along): the history is cut back to the
+    save point's length, progress.json becomes the save point's record, and the iterations after it count as
+    logged to MLflow already."""
+    import torch
+    from safetensors.torch import save_file
+
+    from flows.train import _resume_point
+    from rlpipe.runtime import RunContext
+    from rlpipe.storage.weights import file_weights_sha256
+
+    config = load_config(None, ["train.save_interval=2"])
+    ctx = RunContext.resolve(config, "rl-cut")
+    folder = ctx.folder.state_dir(1)
+    folder.mkdir(parents=True)
+    save_file({"w": torch.ones(3)}, folder / "model.safetensors")
+    for k in range(4):
+        ctx.folder.history.add(k, {"loss": float(k)})
+        if k == 1:
+            at_save = ctx.folder.history.size()
+    saved = Progress(completed_iteration=1, config=config.flat(), dataset_version="d1", resume_dir=str(folder),
+                     weights_sha256=file_weights_sha256(folder), history_bytes=at_save)
+    ctx.folder.write_resume(saved)
+    ctx.state.write_local(saved.but(completed_iteration=3, weights_sha256="ab" * 32))
+    progress, changes = _resume_point(ctx, "d1", allow_change=False)
+    assert (progress.completed_iteration, progress.resume_dir, changes) == (1, str(folder), [])
+    assert [h["iteration"] for h in ctx.folder.history.read()] == [0, 1]
+    assert ctx.state.read_local().completed_iteration == 1 and ctx.logged_through == 3
+    folder.joinpath("model.safetensors").unlink()  # the save point's state gone, no store: refused, not restarted
+    ctx.state.write_local(saved.but(completed_iteration=3))
+    with pytest.raises(ResumeRefused, match="completed iteration 3"):
+        _resume_point(RunContext.resolve(config, "rl-cut"), "d1", allow_change=False)
+
+
 def test_a_run_with_models_uri_reference_and_critic_resumes(api, reference):
     """task.ref_model and train.critic.model given as models:/ URIs are fetched to local folders for the
     services, but the run records them as given: extending the run is a resume, not a changed config
