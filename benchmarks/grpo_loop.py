@@ -189,11 +189,16 @@ def rl_result(a: argparse.Namespace, rl, summary: dict, history: list[dict], wal
     """The GRPO run's figures: accuracy before/after and the steady iterations' stage means."""
     # The first iteration includes one-off warm-ups. Each iteration's total is the parent's wall between two
     # iterations' marks (flows/train.py), so the parent's work between iterations is counted too.
+    # The last iteration also writes the run's final save point (seconds at ~110M): the "_excl_last" figures leave it
+    # out, as TRL's timed iterations save nothing (scaling.py's window).
     steady = history[1:] or history
+    inner = history[1:-1] if len(history) > 2 else steady
     per_iter = rl.rollout.batch_size * rl.rollout.samples_per_prompt
 
-    def mean(key: str) -> float:
-        return round(statistics.fmean(h.get(key, 0.0) for h in steady), 3)
+    def mean(key: str, rows: list[dict] = steady) -> float:
+        return round(statistics.fmean(h.get(key, 0.0) for h in rows), 3)
+
+    stages = ("generate_s", "verify_s", "update_s", "sync_s", "save_s")
 
     return {
         "engine": a.engine,
@@ -209,9 +214,14 @@ def rl_result(a: argparse.Namespace, rl, summary: dict, history: list[dict], wal
         "run_wall_s": round(wall, 1),
         "seconds_per_iteration": mean("time/iteration_total_s"),
         "seconds_per_iteration_excl_eval": round(mean("time/iteration_total_s") - mean("time/eval_s"), 3),
-        "stage_seconds_per_iteration": {k: mean(f"time/{k}") for k in ("generate_s", "verify_s", "update_s", "sync_s", "save_s")}
+        "seconds_per_iteration_excl_eval_and_last": round(mean("time/iteration_total_s", inner) - mean("time/eval_s", inner), 3),
+        "stage_seconds_per_iteration": {k: mean(f"time/{k}") for k in stages}
         | {"inside_iteration_overhead_s": mean("time/overhead_s"),
            "flow_run_start_finish_s": round(mean("time/iteration_total_s") - mean("time/iteration_s"), 3)},
+        "stage_seconds_per_iteration_excl_last": {k: mean(f"time/{k}", inner) for k in stages}
+        | {"inside_iteration_overhead_s": mean("time/overhead_s", inner),
+           "flow_run_start_finish_s": round(mean("time/iteration_total_s", inner) - mean("time/iteration_s", inner), 3)},
+        "last_iteration_s": round(history[-1].get("time/iteration_total_s", 0.0) - history[-1].get("time/eval_s", 0.0), 3),
         "cpu_s_per_iteration": cpu.per_iteration(),  # the process tree's, Prefect server and verifier workers included
         "overhead_share": round(statistics.fmean(h["time/overhead_total_share"] for h in steady), 4),
         "train_tokens_per_s": mean("throughput/train_tokens_per_s"),
