@@ -5,8 +5,8 @@
 # then side_by_side.py prints seconds per sample (completion) and each pair's ratio. Run on an otherwise idle
 # machine. Needs `make install` and `bash benchmarks/setup_trl_venv.sh` done once.
 #
-#   SIZE=30M  SFT_STEPS=600 SAMPLES=4096 PAIRS=2 bash benchmarks/run_sizes.sh
-#   SIZE=100M SFT_STEPS=300 SAMPLES=2048 PAIRS=2 bash benchmarks/run_sizes.sh
+#   SIZE=30M  SFT_STEPS=60 SAMPLES=3072 PAIRS=2 bash benchmarks/run_sizes.sh    (as run 2026-12-06, 02:05 UTC)
+#   SIZE=100M SFT_STEPS=20 SAMPLES=3008 PAIRS=2 bash benchmarks/run_sizes.sh
 #
 # Settings (defaults): PROMPTS=8 prompts × GENERATIONS=8 samples = 64 completions per iteration, STEP=16 completions
 # per optimizer step (4 steps per iteration, as the demo's 256 / 64; one forward/backward per step on both sides),
