@@ -12,10 +12,11 @@ warm-up update, ``--repeats`` updates under cProfile: seconds per update, the sh
 (the log-probs before the first step, forward, backward, optimizer step, the per-token inputs'
 collation) and the share of padded positions the forward passes compute.
 
-FLOP rate: a forward and backward pass cost about 6 × (parameters in matrix multiplies) FLOPs per token they
-compute (2 forward, 4 backward; attention's own products are left out: they are under 2% at these lengths). The
-update's rate counts the positions it computes (padding included) and, as "useful", only real tokens; the peak is
-the best of a few float32 2048×2048 matrix products on the same threads (``torch.mm``), measured here.
+FLOP rate: a forward and backward pass cost about 6 × (parameters in matrix multiplies) FLOPs per position they
+compute (2 forward, 4 backward), a forward without gradient 2 (attention's own products are left out: they are
+under 2% at these lengths). The positions are counted by a hook on the input embeddings, as the forwards computed
+them (padding, packing and shared prompts as they are); the peak is the best of a few float32 2048×2048 matrix
+products on the same threads (``torch.mm``), measured here.
 ``--model-size`` takes ``scaling.py``'s MODELS (3M, 30M, 100M): an untrained model of that size.
 """
 
@@ -95,12 +96,13 @@ def part_seconds(stats: pstats.Stats) -> dict[str, float]:
     return out
 
 
-def measured_peak_gflops(n: int = 2048, reps: int = 5) -> float:
+def measured_peak_gflops(n: int = 2048, reps: int = 8) -> float:
     """The best float32 matrix-product rate of this process's threads (GFLOP/s)."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
+    for _ in range(3):  # warm: the first products run below the clock the rest reach
+        torch.mm(a, b)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
@@ -109,16 +111,27 @@ def measured_peak_gflops(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def flop_rate(trainer, batch: list, seconds: float, peak: float) -> dict[str, float]:
-    """The update's GFLOP/s by computed positions and by real tokens, and their share of ``peak``."""
+def count_positions(trainer) -> dict[str, int]:
+    """A forward hook on the input embeddings that counts the positions each forward computes (padding and
+    packing as they are), with and without gradient: {"grad": …, "no_grad": …}, updated in place."""
+    import torch
+
+    seen = {"grad": 0, "no_grad": 0}
+
+    def hook(module, args, output) -> None:
+        seen["grad" if torch.is_grad_enabled() else "no_grad"] += int(args[0].numel())
+
+    trainer.module.get_input_embeddings().register_forward_hook(hook)
+    return seen
+
+
+def flop_rate(trainer, positions: dict[str, int], seconds: float, peak: float) -> dict[str, float]:
+    """The update's GFLOP/s over the positions its forwards computed (6 per matmul parameter and position with a
+    backward, 2 without), and its share of ``peak``."""
     matmul = sum(m.weight.numel() for m in trainer.module.modules() if type(m).__name__ == "Linear")
-    real = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch)
-    computed = real / (1 - padding_share(sorted(batch, key=lambda s: len(s.prompt_ids) + len(s.response_ids)),
-                                         trainer.cfg.micro_batch_size))
-    rate = {"computed": 6 * matmul * computed / seconds / 1e9, "useful": 6 * matmul * real / seconds / 1e9}
-    return {"matmul_params": matmul, "tokens": real, "gflops_computed": round(rate["computed"], 2),
-            "gflops_useful": round(rate["useful"], 2), "peak_gflops": round(peak, 1),
-            "share_of_peak_computed": round(rate["computed"] / peak, 3), "share_of_peak_useful": round(rate["useful"] / peak, 3)}
+    flops = matmul * (6 * positions["grad"] + 2 * positions["no_grad"])
+    return {"matmul_params": matmul, "positions": positions, "gflops": round(flops / seconds / 1e9, 2),
+            "peak_gflops": round(peak, 1), "share_of_peak": round(flops / seconds / 1e9 / peak, 3)}
 
 
 def main() -> None:
@@ -163,13 +176,14 @@ def main() -> None:
                   s.response_ids)), cfg.train.micro_batch_size), 3),
               "torch_threads": __import__("torch").get_num_threads(), "cpus": os.cpu_count(),
               "model_size": a.model_size or "demo", "precision": cfg.train.precision}
-    plain = []  # the FLOP rate from updates without the profiler's per-call cost; the fastest: the least disturbed
+    seen, plain = count_positions(trainer), []  # the FLOP rate without the profiler's per-call cost
     for k in range(2):
+        seen.update(grad=0, no_grad=0)
         t = time.perf_counter()
         trainer.update(batch, a.repeats + 1 + k)
         plain.append(time.perf_counter() - t)
-    result |= {"seconds_per_update_unprofiled": round(min(plain), 4)}
-    result |= flop_rate(trainer, batch, min(plain), measured_peak_gflops())
+    result |= {"seconds_per_update_unprofiled": round(min(plain), 4)}  # the fastest: the least disturbed
+    result |= flop_rate(trainer, dict(seen), min(plain), measured_peak_gflops())
     print(json.dumps(result, indent=2))
     stats.sort_stats("tottime").print_stats(a.top)
     a.out.parent.mkdir(parents=True, exist_ok=True)
