@@ -165,6 +165,18 @@ def _form_field(page: Any, label: str) -> Any:
     return prop.locator(".p-label__body").first.locator("textarea, input").first
 
 
+def _reload(page: Any) -> None:
+    """Reload the page without waiting for its "load" event: under the suite's load the Prefect UI's
+    assets can take longer than any fixed wait, and the badge read that follows waits for the page itself.
+    A reload that times out is retried on the next turn of the caller's loop, up to its deadline."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.reload(wait_until="commit", timeout=60_000)
+    except PlaywrightTimeout:
+        pass
+
+
 def _watch_the_run(page: Any, server: PrefectServer, flow_run_id: str, worker: subprocess.Popen, log: Path) -> list[str]:
     """On the flow run's page while the worker runs it: reload until its badge says Completed; then the
     Subflow Runs tab lists both rl-iteration runs, Completed. Their flow run ids, iteration order."""
@@ -190,7 +202,7 @@ def _watch_the_run(page: Any, server: PrefectServer, flow_run_id: str, worker: s
             pytest.fail(f"flow run {flow_run_id} is {text or 'not shown'} in the UI (states seen: {seen}); "
                         f"worker exit code {worker.poll()}:\n{_tail(log)}")
         time.sleep(3)
-        page.reload()
+        _reload(page)
     print(f"states the flow run page showed: {seen}")
     # The flow renamed its run to its run_id parameter (flow_run_name="{run_id}").
     expect(heading.locator(".p-bread-crumbs")).to_contain_text(UI_RUN)
