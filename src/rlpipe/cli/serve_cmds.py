@@ -78,24 +78,37 @@ def serve_rollout(
     max_num_seqs: Annotated[Optional[int], typer.Option(help="vLLM: most sequences in one step (default: vLLM's).")] = None,
     tensor_parallel_size: Annotated[int, typer.Option(help="vLLM: GPUs the engine spans.")] = 1,
     enable_prefix_caching: Annotated[bool, typer.Option(help="vLLM: reuse the KV cache of shared prefixes.")] = False,
+    lora_rank: Annotated[int, typer.Option(help="vLLM: serve LoRA adapters up to this rank (≥ the runs' train.lora.r), "
+                                           "so that runs with rollout.lora_sync: adapter send only the adapter (POST "
+                                           "/adapter); 0: no LoRA support.")] = 0,
 ) -> None:
     """HTTP rollout service: /generate, /logprobs, /weights (from the object store) and /weights/stream (streamed in
-    buckets), both hash-checked, /health, /metrics. Runs point at its replicas with services.rollout (or
-    RLPIPE_ROLLOUT_URL, comma-separated)."""
+    buckets), both hash-checked, /adapter (a LoRA adapter alone, with --lora-rank), /health, /metrics. Runs point at
+    its replicas with services.rollout (or RLPIPE_ROLLOUT_URL, comma-separated)."""
     from rlpipe.rollout.engines import new_engine
     from rlpipe.services.rollout import serve
     from rlpipe.storage import open_store
     from rlpipe.training.models import fetch_source, resolve_source
 
     _listen_ok("rollout", host)
+    if lora_rank and engine != "vllm" or lora_rank < 0:
+        typer.echo(f"serve rollout: --lora-rank {lora_rank}: LoRA adapters are served by the vllm engine only, at a "
+                   "rank ≥ 1 (0: none)", err=True)
+        raise typer.Exit(2)
     s = settings()
     with refused("serve rollout", (LookupError, FileNotFoundError)):
         folder = fetch_source(resolve_source(model_uri, s), s)
+    if lora_rank:
+        from rlpipe.rollout.vllm_engine import _lora_options
+
+        with refused("serve rollout --lora-rank", (ValueError,)):  # above vLLM's largest LoRA slot: before it starts
+            _lora_options(lora_rank)
     eng = new_engine(engine, folder, max_model_len=max_model_len, seed=seed, **(
         {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-         "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching}
-        if engine == "vllm" else {}))
-    typer.echo(f"rollout service ({eng.name}, weights {eng.weights_sha256()[:12]}) on http://{host}:{port}", err=True)
+         "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": enable_prefix_caching,
+         "lora_rank": lora_rank or None} if engine == "vllm" else {}))
+    lora = f", LoRA up to rank {lora_rank}" if lora_rank else ""
+    typer.echo(f"rollout service ({eng.name}, weights {eng.weights_sha256()[:12]}{lora}) on http://{host}:{port}", err=True)
     serve(eng, folder, open_store(s.resolve_storage_uri(), s), host=host, port=port, max_model_len=max_model_len,
           max_queue=max_queue, request_timeout_s=request_timeout)
 

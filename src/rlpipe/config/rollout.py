@@ -56,11 +56,12 @@ class RolloutConfig(Strict):
         "theirs). The cache is reset at every weight sync."
     )
     lora_sync: Literal["adapter", "merged"] = Field(
-        "adapter", description="With train.lora, what a weight sync moves to the engine. adapter: the in-process "
-        "vLLM engine keeps the start model and takes each iteration's LoRA adapter (vLLM's LoRA support: megabytes, "
-        "not the model); the probe proves the adapted policy as before. merged: the merged weights. The HF engine "
-        "and engines behind rollout or trainer services always take the merged weights (the run's start log says "
-        "which)."
+        "adapter", description="With train.lora, what a weight sync moves to the engine. adapter: the engine keeps "
+        "the start model and takes each iteration's LoRA adapter (vLLM's LoRA support: megabytes, not the model); the "
+        "probe proves the adapted policy as before. This holds for the in-process vLLM engine and for rollout "
+        "replicas started with `rlpipe serve rollout --lora-rank R` (R ≥ train.lora.r); replicas without it are an "
+        "error at the run's start. merged: the merged weights. The HF engine and runs with a trainer service always "
+        "take the merged weights (the run's start log says which)."
     )
     stop_tokens: list[int | str] | None = Field(
         None, description="Tokens (ids or strings) that end a response; null: the model's generation_config.json "

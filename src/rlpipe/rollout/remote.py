@@ -10,6 +10,10 @@ trainer service's upload): the replica downloads those itself.
 :class:`ReplicatedEngine` splits the prompts of a request across replicas in consecutive blocks (prompt ``i`` keeps
 the seed ``seed + i`` it has in-process on vLLM) and moves a dead replica's share to the live ones. It encodes
 each bucket of a weight sync once and streams them to every live replica in parallel (:class:`Buckets`).
+
+A replica started with LoRA support (``rlpipe serve rollout --lora-rank R``) takes a LoRA adapter alone instead
+(``load_adapter``: megabytes in one body, :func:`adapter_body`) and serves its base weights with it; the
+replicated engine sends it to every live replica in parallel and requires that all read the same adapter.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from rlpipe.storage.weight_stream import DEFAULT_BUCKET_BYTES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RemoteEngine", "ReplicaDown", "ReplicatedEngine", "upload_weights"]
+__all__ = ["RemoteEngine", "ReplicaDown", "ReplicatedEngine", "adapter_body", "served_lora_ranks", "upload_weights"]
 
 
 class ReplicaDown(ConnectionError):
@@ -45,6 +49,42 @@ def upload_weights(store: Any, run_id: str, folder: str | Path) -> tuple[str, st
         for f in files:
             store.put_bytes(f"{key}/{f.name}", f.read_bytes())
     return store.url(key), sha
+
+
+def adapter_body(folder: str | Path) -> bytes:
+    """A peft adapter folder (adapter_model.safetensors + adapter_config.json) as the one body ``POST /adapter``
+    takes: the adapter's tensors as safetensors bytes, the config's text in their ``__metadata__``."""
+    from safetensors.torch import load_file, save
+
+    folder = Path(folder)
+    weights, config = folder / "adapter_model.safetensors", folder / "adapter_config.json"
+    if not weights.is_file() or not config.is_file():
+        raise FileNotFoundError(f"{folder} is no LoRA adapter: it needs adapter_model.safetensors and adapter_config.json")
+    return save(load_file(weights), metadata={"adapter_config": config.read_text()})
+
+
+def _health(url: str) -> dict[str, Any]:
+    """A replica's /health; ReplicaDown when it does not answer 200."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{url}/health", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise ReplicaDown(f"rollout replica {url}: {type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        raise ReplicaDown(f"rollout replica {url}: /health answered HTTP {r.status_code}")
+    return r.json()
+
+
+def served_lora_ranks(urls: list[str] | tuple[str, ...]) -> dict[str, int]:
+    """The LoRA rank each replica that answers serves adapters up to (0: none), by URL."""
+    out = {}
+    for url in urls:
+        try:
+            out[url] = int(_health(url.rstrip("/")).get("lora_rank") or 0)
+        except ReplicaDown:
+            continue  # a replica that is down is left out here as at the run's start
+    return out
 
 
 def _pieces(data: bytes, size: int = 1 << 20) -> Iterator[memoryview]:
@@ -108,18 +148,11 @@ class RemoteEngine:
         self.name = f"rollout@{self.url}"
         h = self.health()
         self._dtype, self._sha = str(h["dtype"]), str(h["version"])
-        self.last_readback = 0
+        self.lora_rank = int(h.get("lora_rank") or 0)  # the LoRA rank it serves adapters up to (0: none)
+        self.last_readback, self.last_sent = 0, 0
 
     def health(self) -> dict[str, Any]:
-        import httpx
-
-        try:
-            r = httpx.get(f"{self.url}/health", timeout=10.0)
-        except httpx.HTTPError as e:
-            raise ReplicaDown(f"rollout replica {self.url}: {type(e).__name__}: {e}") from None
-        if r.status_code != 200:
-            raise ReplicaDown(f"rollout replica {self.url}: /health answered HTTP {r.status_code}")
-        return r.json()
+        return _health(self.url)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
@@ -193,6 +226,18 @@ class RemoteEngine:
         """The weights already in the run's store under ``uri``, downloaded by the replica itself."""
         return self._loaded(self._post("/weights", {"uri": uri, "sha256": sha}))
 
+    def load_adapter(self, folder: str | Path, version: str) -> str:
+        """The LoRA adapter in ``folder`` (peft's layout) to the replica, which serves its base weights with it and
+        reports ``version`` from now on; returns the sha256 of the adapter's tensors as the replica's engine read
+        them."""
+        return self.send_adapter(adapter_body(folder), version)
+
+    def send_adapter(self, body: bytes, version: str) -> str:
+        """An :func:`adapter_body` to the replica (``last_sent``: its bytes); the adapter's hash it reports."""
+        got = self._stream_call("POST", "/adapter", params={"version": version}, content=body)
+        self._sha, self.last_readback, self.last_sent = got["version"], 0, len(body)
+        return got["adapter_sha256"]
+
     def _loaded(self, got: dict[str, Any]) -> str:
         self._sha, self.last_readback = got["version"], int(got.get("tensors", 0))
         return self._sha
@@ -214,10 +259,11 @@ class ReplicatedEngine:
     """Several replicas as one engine: a request's prompts are split across the live ones; a replica
     that fails is left out from then on and its share is redone on the others."""
 
-    def __init__(self, replicas: list[RemoteEngine]):
+    def __init__(self, replicas: list[RemoteEngine], adapters: bool = False):
+        """``adapters``: this run's syncs move only the LoRA adapter (its replicas serve LoRA)."""
         if not replicas:
             raise ValueError("no rollout replica: give at least one URL")
-        self.replicas, self.dead = list(replicas), set()
+        self.replicas, self.dead, self.adapters = list(replicas), set(), adapters
         self.name = f"rollout×{len(replicas)}"
         self.rerouted = 0  # prompts moved off a dead replica, over the engine's life
 
@@ -302,6 +348,29 @@ class ReplicatedEngine:
     def load_uri(self, uri: str, sha: str) -> str:
         """Every live replica loads the weights under ``uri`` (checked against ``sha``); the version they hold."""
         return self._same(self._each(lambda replica: replica.load_uri(uri, sha)))
+
+    def load_adapter(self, folder: str | Path, version: str) -> str:
+        """The LoRA adapter in ``folder`` to every live replica in parallel (read once here); every one must read
+        the same adapter and report ``version``. Returns the adapter's sha256 as they read it."""
+        body = adapter_body(folder)
+        held = self._each(lambda replica: (replica.send_adapter(body, version), replica.weights_sha256()))
+        if not held:
+            self.live()  # raises: every replica is down
+        if len(set(held.values())) != 1:
+            raise WeightSyncError(f"rollout replicas read different adapters or report different policies: {held}")
+        return next(iter(held.values()))[0]
+
+    @property
+    def served_lora_rank(self) -> int:
+        """The LoRA rank every live replica serves adapters up to (0: none, or they do not agree)."""
+        ranks = {replica.lora_rank for replica in self.live()}
+        return ranks.pop() if len(ranks) == 1 else 0
+
+    @property
+    def lora_rank(self) -> int | None:
+        """The served LoRA rank while this run's syncs move only the adapter (``adapters``), else None: a replica's
+        LoRA support alone does not make a run send adapters (the sync reads this as the engine's mode)."""
+        return (self.served_lora_rank or None) if self.adapters else None
 
     def _same(self, held: dict[str, str]) -> str:
         """The one version every replica that answered holds after a reload."""

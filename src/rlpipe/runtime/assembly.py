@@ -81,11 +81,10 @@ def build_services(ctx: RunContext, dataset: dict[str, Any], resume_dir: str | N
 
 
 def _engine(ctx: RunContext, rows: list[dict[str, Any]], resume_dir: str | None, log: Any) -> Any:
-    """Rollout replicas elsewhere (the start weights reach them through the store), the vLLM engine with the
-    save point's LoRA adapter on the start model (adapter syncs), or an engine loaded with the policy."""
+    """Rollout replicas elsewhere (the start weights reach them streamed), the vLLM engine with the save point's
+    LoRA adapter on the start model (adapter syncs; replicas that serve LoRA alike), or an engine loaded with the
+    policy."""
     from rlpipe.rollout.engines import engine_options, get_engine
-    from rlpipe.storage.weights import file_weights_sha256
-    from rlpipe.training.checkpoint import ADAPTER
 
     config, start_model = ctx.config, ctx.resolve_models().policy
     policy_dir = resume_dir or start_model
@@ -93,15 +92,24 @@ def _engine(ctx: RunContext, rows: list[dict[str, Any]], resume_dir: str | None,
     if config.train.lora:
         log.info("LoRA weight sync: %s", "the adapter (vLLM LoRA)" if adapters else "the merged weights")
     if ctx.settings.rollout_urls:
-        return _remote_engine(ctx, policy_dir, log)
+        return _remote_engine(ctx, start_model if adapters else policy_dir, log, adapters, resume_dir)
     if adapters:
         engine = get_engine("vllm", start_model, max_model_len=context_length(config, rows, start_model), seed=config.seed,
                             lora_rank=config.train.lora.r, **engine_options(config.rollout))
-        if resume_dir:
-            engine.load_adapter(Path(resume_dir) / ADAPTER, file_weights_sha256(resume_dir))
+        _resume_adapter(engine, resume_dir)
         return engine
     return get_engine(config.rollout.engine, policy_dir, max_model_len=context_length(config, rows, policy_dir),
                       seed=config.seed, **engine_options(config.rollout))
+
+
+def _resume_adapter(engine: Any, resume_dir: str | None) -> None:
+    """An engine for adapter syncs holds the start model: on a resume it takes the save point's adapter, and then
+    reports the save point's policy (its merged weights' hash)."""
+    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.training.checkpoint import ADAPTER
+
+    if resume_dir:
+        engine.load_adapter(Path(resume_dir) / ADAPTER, file_weights_sha256(resume_dir))
 
 
 def prompt_rows(store: Any, dataset: dict[str, Any]) -> list[dict[str, Any]]:
@@ -120,11 +128,25 @@ def ground_truths(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def adapter_sync(ctx: RunContext) -> bool:
-    """Whether this run's syncs move only the LoRA adapter (rollout.lora_sync): train.lora on the in-process vLLM
-    engine with an in-process trainer; elsewhere the merged weights."""
+    """Whether this run's syncs move only the LoRA adapter (rollout.lora_sync: adapter, train.lora, an in-process
+    trainer): to the in-process vLLM engine, or to rollout replicas that serve LoRA of rank ≥ train.lora.r (their
+    /health says; a replica that does not is an error here, at the run's start, naming the fix). A trainer service
+    and the HF engine take the merged weights."""
     c, s = ctx.config, ctx.settings
-    return (c.train.lora is not None and c.rollout.lora_sync == "adapter" and c.rollout.engine == "vllm"
-            and not s.rollout_urls and not s.trainer_url)
+    if c.train.lora is None or c.rollout.lora_sync != "adapter" or s.trainer_url:
+        return False
+    if not s.rollout_urls:
+        return c.rollout.engine == "vllm"
+    from rlpipe.rollout.remote import served_lora_ranks
+
+    short = {url: rank for url, rank in served_lora_ranks(s.rollout_urls).items() if rank < c.train.lora.r}
+    if short:
+        listed = ", ".join(f"{url} (LoRA rank {rank or 'none'})" for url, rank in short.items())
+        raise ValueError(f"rollout.lora_sync: adapter sends the rollout replicas only the LoRA adapter of rank "
+                         f"train.lora.r={c.train.lora.r}, and {listed} cannot serve it: restart them with `rlpipe serve "
+                         f"rollout MODEL --lora-rank {c.train.lora.r}` (vLLM), or set rollout.lora_sync: merged to "
+                         "stream the merged weights")
+    return True  # a replica that does not answer is left out at the start (_remote_engine)
 
 
 def context_length(config: RunConfig, rows: list[dict[str, Any]], model_dir: str | None = None) -> int:
@@ -159,8 +181,11 @@ def _trainer(ctx: RunContext, resume_dir: str | None) -> Any:
     return PolicyTrainer(**args)
 
 
-def _remote_engine(ctx: RunContext, policy_dir: str, log: Any) -> Any:
-    """The rollout service replicas of RLPIPE_ROLLOUT_URL as one engine, loaded with the run's start policy."""
+def _remote_engine(ctx: RunContext, policy_dir: str, log: Any, adapters: bool = False,
+                   resume_dir: str | None = None) -> Any:
+    """The rollout service replicas of RLPIPE_ROLLOUT_URL as one engine, loaded with ``policy_dir``'s weights
+    (streamed). ``adapters``: syncs move only the LoRA adapter; ``policy_dir`` is then the start model, and a resume
+    gives the replicas the save point's adapter on it."""
     from rlpipe.rollout.remote import RemoteEngine, ReplicaDown, ReplicatedEngine
 
     replicas, urls = [], ctx.settings.rollout_urls
@@ -172,8 +197,10 @@ def _remote_engine(ctx: RunContext, policy_dir: str, log: Any) -> Any:
     if not replicas:
         raise ReplicaDown(f"no rollout replica answers: {', '.join(urls)}; start them (rlpipe serve rollout) or drop "
                           "services.rollout / RLPIPE_ROLLOUT_URL to roll out in this process")
-    engine = ReplicatedEngine(replicas)
-    engine.load_weights(policy_dir)
+    engine = ReplicatedEngine(replicas, adapters=adapters)
+    engine.load_weights(policy_dir)  # in adapter mode also the adapter a replica held before goes
+    if adapters:
+        _resume_adapter(engine, resume_dir)
     return engine
 
 

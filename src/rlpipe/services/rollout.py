@@ -2,7 +2,8 @@
 
 Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is set):
   GET  /health    → {"status", "engine", "dtype", "version" (sha256 of the weights held), "max_model_len",
-                     "vocab_size", "queue", "max_queue", "busy"}
+                     "vocab_size", "queue", "max_queue", "busy", "lora_rank" (the LoRA rank it serves adapters up
+                     to; 0: none)}
   POST /generate  {"prompts": [[token ids]], "n", "temperature", "top_p", "max_new_tokens", "seed", "timeout_s"?}
                   → {"completions": [[{"token_ids", "logprobs", "text", "finish_reason"}]], "version"}
   POST /logprobs  {"prompts": [[ids]], "continuations": [[ids]]} → {"logprobs": [[…]], "version"}
@@ -23,6 +24,14 @@ Endpoints (all but /health need the bearer token when RLPIPE_ROLLOUT_TOKEN is se
                   stream stays open to take them); else the stream closes, its tensors are hashed — a hash
                   other than the declared sha256 is 422 and the engine keeps its weights — and the engine
                   reloads them in place (its read-back checked, as for /weights).
+  A LoRA adapter alone (a replica started with ``--lora-rank``: it serves its base weights with the adapter):
+  POST /adapter?version=SHA256  raw body: the adapter's safetensors bytes (peft's adapter_model.safetensors) with
+                  peft's adapter_config.json in the header's ``__metadata__["adapter_config"]`` (one body, megabytes;
+                  :func:`rlpipe.rollout.remote.adapter_body` makes it) → {"adapter_sha256" (the engine's hash of the
+                  tensors it read), "version" (``version``: the policy it now serves), "load_s", "bytes"}. 409 on a
+                  replica without LoRA support; 413 beyond ``max_adapter_bytes``; 422 for bytes that are not
+                  safetensors, no config, a rank above the served one, or tensors that do not fit the served model
+                  (all checked before the engine sees the adapter: vLLM reads it only at the next request).
   GET  /stats, /metrics (Prometheus text)
 
 The engine runs one request at a time; up to ``max_queue`` more wait for their turn (429 beyond that),
@@ -36,7 +45,9 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -56,10 +67,18 @@ MAX_N = 64
 MAX_BUCKETS = 1 << 16
 # The stream bound when the model folder holds no *.safetensors to size it by.
 FALLBACK_STREAM_BYTES = 32 << 30
+# The least bound on an adapter body (a tiny model's adapter may be near its own size).
+MIN_ADAPTER_BYTES = 16 << 20
+# peft's names of a LoRA adapter's tensors: base_model.model.<module>.lora_A|lora_B.weight
+_LORA_NAME = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
 
 class TooLarge(ValueError):
     """More bytes than a weight stream may hold (HTTP 413)."""
+
+
+class Conflict(ValueError):
+    """A request this replica cannot serve as it was started (HTTP 409)."""
 
 
 @dataclass
@@ -83,15 +102,81 @@ def _stream_limit(model_dir: str | Path) -> int:
     return 4 * size if size else FALLBACK_STREAM_BYTES
 
 
+def _adapter_limit(model_dir: str | Path) -> int:
+    """The checkpoint's weight bytes, at least 16 MiB: an adapter larger than its model is better sent merged."""
+    return max(MIN_ADAPTER_BYTES, sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")))
+
+
+def _base_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """Each weight's shape in the checkpoint's *.safetensors, from their headers alone."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            shapes |= {name: tuple(st.get_slice(name).get_shape()) for name in st.keys()}
+    return shapes
+
+
+def _header_metadata(data: bytes | bytearray) -> dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (ValueError when they are none)."""
+    n = int.from_bytes(bytes(data[:8]), "little") if len(data) >= 8 else -1
+    if not 0 < n <= len(data) - 8:
+        raise ValueError("the body is not safetensors bytes (its 8-byte header length is missing or too large)")
+    try:
+        header = json.loads(bytes(data[8:8 + n]))
+    except ValueError:
+        raise ValueError("the body is not safetensors bytes (its header is not JSON)") from None
+    return header.get("__metadata__") or {} if isinstance(header, dict) else {}
+
+
+def check_adapter(data: bytes | bytearray, max_rank: int, base: dict[str, tuple[int, ...]]) -> str:
+    """The adapter_config.json text of an adapter body, once the body is proven to be a LoRA adapter this replica
+    can serve: safetensors bytes, peft's config in its metadata with a rank ≤ ``max_rank``, and every tensor a
+    lora_A (r, in) or lora_B (out, r) of a weight of the served model (``base``: its shapes by name). ValueError
+    naming what is wrong: vLLM reads an adapter only at the first request that uses it, too late to refuse it."""
+    from safetensors.torch import load
+
+    text = _header_metadata(data).get("adapter_config")
+    if not text:
+        raise ValueError("the body carries no adapter_config.json (the safetensors metadata's 'adapter_config'); "
+                         "send it with RemoteEngine.load_adapter")
+    try:
+        config, tensors = json.loads(text), load(bytes(data))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on bad bytes
+        raise ValueError(f"the body is not a readable adapter: {type(e).__name__}: {e}") from None
+    r = config.get("r") if isinstance(config, dict) else None
+    if not isinstance(r, int) or not 0 < r <= max_rank:
+        raise ValueError(f"adapter_config.json r={r!r}: this replica serves LoRA ranks 1..{max_rank}; restart it with "
+                         f"--lora-rank {r} or more, or set rollout.lora_sync: merged")
+    if not tensors:
+        raise ValueError("the adapter holds no tensors")
+    for name, t in tensors.items():
+        m = _LORA_NAME.match(name)
+        shape = base.get(f"{m['module']}.weight") if m else None
+        if shape is None or len(shape) != 2 or t.dim() != 2:
+            raise ValueError(f"adapter tensor {name}: not the lora_A/lora_B weight of a linear layer of the served model")
+        want = (t.shape[0], shape[1]) if m["ab"] == "A" else (shape[0], t.shape[1])
+        if tuple(t.shape) != want or min(t.shape) > max_rank:
+            raise ValueError(f"adapter tensor {name}: shape {tuple(t.shape)} does not fit the served model's "
+                             f"{m['module']}.weight {shape} (expected {want}, rank ≤ {max_rank}): an adapter of another model?")
+    return text
+
+
 class RolloutService:
     """An engine, the weights it holds, and the turn-taking in front of it."""
 
     def __init__(self, engine: RolloutEngine, model_dir: str | Path, store: Any, max_model_len: int = 256,
-                 max_queue: int = 8, request_timeout_s: float = 300.0, max_stream_bytes: int | None = None):
+                 max_queue: int = 8, request_timeout_s: float = 300.0, max_stream_bytes: int | None = None,
+                 max_adapter_bytes: int | None = None):
         """``max_stream_bytes``: the most bytes a weight stream may declare (default: 4× the weight bytes of
-        ``model_dir``'s *.safetensors, or 32 GiB when it holds none)."""
+        ``model_dir``'s *.safetensors, or 32 GiB when it holds none). ``max_adapter_bytes``: the largest adapter
+        body (default: the weight bytes, at least 16 MiB)."""
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        self.engine, self.store, self.max_model_len = engine, store, max_model_len
+        self.engine, self.store, self.max_model_len, self.model_dir = engine, store, max_model_len, Path(model_dir)
+        self.max_adapter_bytes = max_adapter_bytes or _adapter_limit(model_dir)
+        self._base: dict[str, tuple[int, ...]] | None = None
+        self._scratch: tempfile.TemporaryDirectory | None = None
         self.vocab = int(cfg["vocab_size"])
         self.max_queue, self.request_timeout_s = max_queue, request_timeout_s
         self._turn, self._count = threading.Lock(), threading.Lock()
@@ -229,10 +314,50 @@ class RolloutService:
         """The proven tensors of a stream into the engine, in place."""
         return self._reloaded(self.engine.load_tensors(tensors, sha256), sha256, start)
 
+    @property
+    def lora_rank(self) -> int:
+        """The LoRA rank the engine serves adapters up to (0: it was started without LoRA support)."""
+        return int(getattr(self.engine, "lora_rank", None) or 0)
+
+    def require_lora(self) -> None:
+        """Conflict (409) on a replica started without LoRA support."""
+        if not self.lora_rank:
+            raise Conflict(f"this rollout replica ({self.engine.name}) was started without LoRA support and takes no "
+                           "adapter: restart it with `rlpipe serve rollout MODEL --lora-rank R` (R ≥ train.lora.r, vLLM "
+                           "only), or set rollout.lora_sync: merged to send the merged weights")
+
+    def check_adapter(self, data: bytes | bytearray) -> str:
+        """The adapter body checked against this replica (:func:`check_adapter`); its adapter_config.json text."""
+        self.require_lora()
+        if self._base is None:
+            self._base = _base_shapes(self.model_dir)
+        return check_adapter(data, self.lora_rank, self._base)
+
+    def load_adapter(self, data: bytes | bytearray, version: str, config: str | None = None) -> dict[str, Any]:
+        """An adapter body (see the module docstring) checked (unless its ``config`` comes from
+        :meth:`check_adapter`), written to this service's scratch folder and loaded by the engine, which serves its
+        base weights with it from now on and reports ``version``."""
+        config = config or self.check_adapter(data)
+        start = time.perf_counter()
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="rlpipe-rollout-adapter-")
+        folder = Path(self._scratch.name) / secrets.token_hex(8)
+        folder.mkdir()
+        try:  # the engine copies the folder to its own (vLLM reads it later): this one goes at once
+            (folder / "adapter_model.safetensors").write_bytes(data)
+            (folder / "adapter_config.json").write_text(config)
+            digest = self.engine.load_adapter(folder, version)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.stats.add(weight_loads=1)
+        return {"adapter_sha256": digest, "version": self.engine.weights_sha256(), "load_s": time.perf_counter() - start,
+                "bytes": len(data)}
+
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "engine": self.engine.name, "dtype": self.engine.dtype,
                 "version": self.engine.weights_sha256(), "max_model_len": self.max_model_len, "vocab_size": self.vocab,
-                "queue": self._waiting, "max_queue": self.max_queue, "busy": self._turn.locked()}
+                "queue": self._waiting, "max_queue": self.max_queue, "busy": self._turn.locked(),
+                "lora_rank": self.lora_rank}
 
     def histograms(self) -> dict[str, Counters]:
         return {"request_seconds": self.stats}
@@ -244,6 +369,8 @@ class RolloutService:
 
     def close(self) -> None:
         self.engine.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
 
 class GenerateRequest(BaseModel):
@@ -309,7 +436,8 @@ def _refusal(e: Exception):
     """The 4xx of a request the service cannot take, with the reason."""
     from fastapi import HTTPException
 
-    return HTTPException(status_code={PermissionError: 403, LookupError: 404, TooLarge: 413}.get(type(e), 422), detail=str(e))
+    codes = {PermissionError: 403, LookupError: 404, Conflict: 409, TooLarge: 413}
+    return HTTPException(status_code=codes.get(type(e), 422), detail=str(e))
 
 
 @contextlib.contextmanager
@@ -350,7 +478,43 @@ def create_app(service: RolloutService, token: str | None = None):
             return service.load(req.uri, req.sha256)
 
     _stream_endpoints(app, service)
+    _adapter_endpoint(app, service)
     return app
+
+
+async def _body(request: Any, most: int, what: str) -> bytearray:
+    """The raw body of a request, read up to ``most`` bytes and never more (TooLarge beyond)."""
+    if int(request.headers.get("content-length") or 0) > most:
+        raise TooLarge(f"{what}: {request.headers['content-length']} bytes exceed the {most} bytes it may have")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > most:
+            raise TooLarge(f"{what}: more than the {most} bytes it may have")
+    return data
+
+
+def _adapter_endpoint(app: Any, service: RolloutService) -> None:
+    """POST /adapter?version=…: a LoRA adapter in one raw body (see the module docstring)."""
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    def load(data: bytearray, version: str) -> dict[str, Any]:
+        with _refused():  # checked before the engine's turn: generation goes on meanwhile
+            config = service.check_adapter(data)
+        with _served(service, None):
+            return service.load_adapter(data, version, config)
+
+    async def adapter(request: Any) -> Any:
+        version = request.query_params.get("version", "")
+        with _refused():
+            service.require_lora()  # before megabytes are read
+            if not re.fullmatch(r"[0-9a-f]{64}", version):
+                raise ValueError(f"version={version[:80]!r}: give the policy's sha256 (64 hex digits) as ?version=")
+            data = await _body(request, service.max_adapter_bytes, "the adapter")
+        return JSONResponse(await run_in_threadpool(load, data, version))
+
+    app.add_route("/adapter", adapter, methods=["POST"])
 
 
 def _stream_endpoints(app: Any, service: RolloutService) -> None:
@@ -368,14 +532,7 @@ def _stream_endpoints(app: Any, service: RolloutService) -> None:
         stream_id, k = request.path_params["stream_id"], request.path_params["k"]
         with _refused():
             room = service.bucket_room(stream_id, k)
-            if int(request.headers.get("content-length") or 0) > room:
-                raise TooLarge(f"bucket {k}: {request.headers['content-length']} bytes exceed the {room} bytes "
-                               f"stream {stream_id} has left for it")
-            data = bytearray()
-            async for chunk in request.stream():
-                data += chunk
-                if len(data) > room:
-                    raise TooLarge(f"bucket {k}: more than the {room} bytes stream {stream_id} has left for it")
+            data = await _body(request, room, f"bucket {k} of stream {stream_id}")
             await run_in_threadpool(service.put_bucket, stream_id, k, data)  # decoding: off the event loop
         return JSONResponse({"stream": stream_id, "bucket": k, "bytes": len(data)})
 
@@ -392,6 +549,7 @@ def _stream_endpoints(app: Any, service: RolloutService) -> None:
 
 def serve(engine: RolloutEngine, model_dir: str | Path, store: Any, host: str = "127.0.0.1", port: int = 8768,
           max_model_len: int = 256, max_queue: int = 8, request_timeout_s: float = 300.0,
-          max_stream_bytes: int | None = None) -> None:
-    service = RolloutService(engine, model_dir, store, max_model_len, max_queue, request_timeout_s, max_stream_bytes)
+          max_stream_bytes: int | None = None, max_adapter_bytes: int | None = None) -> None:
+    service = RolloutService(engine, model_dir, store, max_model_len, max_queue, request_timeout_s, max_stream_bytes,
+                             max_adapter_bytes)
     run_service(create_app(service), service, host, port)
