@@ -12,7 +12,10 @@ update) and times:
   over the spare save point's files) and the engine reloaded from that folder (hash of what it read,
   read-back), then the probe: what every iteration paid before.
 - ``memory``: the hash of the trainer's tensors, taken once (``policy_tensors``), and the engine fed those
-  tensors (``load_tensors``, read-back), then the probe: what an iteration between save points pays now.
+  tensors (``load_tensors``, read-back), then the probe, one after the other.
+- ``overlapped``: the same work as the update and sync tasks do it now: the hash on a thread of its own
+  (``handoff``) and the trainer's side of the probe on another (``trainer_ahead``) while the engine takes the
+  tensors, then the engine's side of the probe: what an iteration between save points pays now.
 - ``save point``: the part of a save the iteration waits for with ``train.async_save`` (hash, trainer state,
   RNG taken) and the writing that runs on a thread meanwhile.
 
@@ -70,7 +73,8 @@ def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
     trainer.update(fixed_batch(cfg.train.batch_size), 0)  # AdamW's moments exist only after a first step
     work = home / f"sync-save-{size}"
     t: dict[str, list[float]] = {k: [] for k in ("files_save", "files_sync", "files_probe", "memory_hash",
-                                                 "memory_sync", "memory_probe", "point_wait", "point_write")}
+                                                 "memory_sync", "memory_probe", "overlapped", "point_wait",
+                                                 "point_write")}
 
     def one(k: int, keep: bool) -> None:
         _nudge(trainer)
@@ -82,18 +86,25 @@ def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
         svc.proof.prove(engine, trainer, f"files {k}")
         d = time.perf_counter()
         _nudge(trainer)
-        digest, _ = trainer.policy_tensors()
+        digest, _ = trainer.policy_tensors()  # the hash alone, as the sync waited for it before it ran on a thread
         e = time.perf_counter()
         load_policy(engine, None, digest, k, trainer=trainer)
         f = time.perf_counter()
         svc.proof.prove(engine, trainer, f"memory {k}")
         g = time.perf_counter()
+        _nudge(trainer)  # now: what the update and the sync tasks do, the hash and the trainer's probe on threads
+        e2 = time.perf_counter()
+        trainer.handoff()
+        side = svc.proof.trainer_ahead(trainer)
+        load_policy(engine, None, None, k, trainer=trainer)
+        svc.proof.prove(engine, trainer, f"overlapped {k}", side)
+        f2 = time.perf_counter()
         _, write = trainer.plan_save(work / f"s{k % 2}", extra_state={}, spare=work / f"s{(k + 1) % 2}")
         h = time.perf_counter()
         write()
         i = time.perf_counter()
         if keep:
-            for key, x in zip(t, (b - a, c - b, d - c, e - d, f - e, g - f, h - g, i - h)):
+            for key, x in zip(t, (b - a, c - b, d - c, e - d, f - e, g - f, f2 - e2, h - f2, i - h)):
                 t[key].append(x)
 
     one(0, keep=False)  # warm-up: first writes, DeepSpeed's first checkpoint
@@ -104,7 +115,8 @@ def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
     m = {k: _median(v) for k, v in t.items()}
     return {"size": size, "params": params, "engine": engine_kind, "repeats": repeats, **m,
             "files_per_iteration_s": round(m["files_save"] + m["files_sync"] + m["files_probe"], 4),
-            "memory_per_iteration_s": round(m["memory_hash"] + m["memory_sync"] + m["memory_probe"], 4)}
+            "memory_per_iteration_s": round(m["memory_hash"] + m["memory_sync"] + m["memory_probe"], 4),
+            "overlapped_per_iteration_s": m["overlapped"]}
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from rlpipe import http_client
 from rlpipe.config import RunConfig
 from rlpipe.progress import Progress
 from rlpipe.runtime import RunContext, run_context, services
-from rlpipe.stages import RolloutDone, UpdateDone, VerifyDone, iteration_metrics
+from rlpipe.stages import RolloutDone, SyncDone, UpdateDone, VerifyDone, iteration_metrics
 from rlpipe.tracking.resources import monitor
 from tasks._log import run_logger
 from tasks.rl import evaluate, fault_point, prefetch_rollout, rollout, sync_weights, update, upload_checkpoint, verify
@@ -67,7 +67,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     metrics |= mon.metrics(mark) | http_client.drain()
     fired = _alerts(ctx, iteration, metrics)
     _log_tracking(ctx, mlflow_run_id, iteration, metrics, fired, ev)
-    _record(ctx, progress, iteration, draws, metrics, u, ev, val, registered, save_point)
+    _record(ctx, progress, iteration, draws, metrics, u, s, ev, val, registered, save_point)
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (generate %.2f, verify %.2f, update %.2f, "
         "sync %.2f; overhead %.0f%%)",
@@ -140,13 +140,13 @@ def _alerts(ctx: RunContext, iteration: int, metrics: dict[str, float]) -> list:
 
 
 def _record(ctx: RunContext, progress: Progress, iteration: int, draws: list[tuple[RolloutDone, VerifyDone]],
-            metrics: dict[str, float], u: UpdateDone, ev: dict[str, Any] | None, val: dict[str, Any] | None,
+            metrics: dict[str, float], u: UpdateDone, s: SyncDone, ev: dict[str, Any] | None, val: dict[str, Any] | None,
             registered: dict[str, Any] | None, save_point: bool) -> None:
     """The iteration's line in ``progress`` (as the iteration began). At a save point the store's record first,
     then this machine's resume record (``resume.json``: what a resume continues from), then its progress."""
     ctx.folder.history.add(iteration, metrics)  # appended: the cost does not grow with the run
     norm = next((dv.reward_norm for _, dv in reversed(draws) if dv.reward_norm is not None), progress.reward_norm)
-    progress = progress.but(reward_norm=norm, completed_iteration=iteration, weights_sha256=u.weights_sha256,
+    progress = progress.but(reward_norm=norm, completed_iteration=iteration, weights_sha256=s.policy_version,
                             last_registered=registered["version"] if registered else progress.last_registered)
     if ev:
         progress = progress.but(final_accuracy=ev["accuracy"], final_true_score=ev["true_score"],

@@ -168,10 +168,11 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[Ver
     update_s = time.perf_counter() - start
     _check_update(config, iteration, metrics, len(tables))
     start = time.perf_counter()
-    digest, _ = svc.trainer.policy_tensors()  # hashed once: the sync and the save point use this hash
+    svc.trainer.handoff()  # the new weights, hashed once on a thread: the sync waits for it once the engine has them
     metrics |= {"trainer/hash_s": time.perf_counter() - start, "trainer/save_wait_s": save_wait_s}
     start = time.perf_counter()
     folder = _save_point(ctx, svc, iteration, extra_state) if config.train.save_point(iteration) else None
+    digest = svc.trainer.policy_tensors()[0] if folder else None  # a save point has waited for it
     adapter = _adapter_handoff(ctx, svc)
     save_s = time.perf_counter() - start
     fault_point(iteration, "update")
@@ -242,9 +243,10 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: Upd
     svc = services(run_id)
     start = time.perf_counter()
     adapter = update_ref.adapter_sha256 is not None
+    trainer_side = svc.proof.trainer_ahead(svc.trainer)  # the trainer's probe forward while the engine reloads
     held = load_policy(svc.engine, update_ref.adapter_dir if adapter else update_ref.state_dir, update_ref.weights_sha256,
                        iteration, adapter_sha256=update_ref.adapter_sha256, trainer=svc.trainer)
-    proof = svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}")
+    proof = svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}", trainer_side)
     svc.policy_iteration = iteration
     fault_point(iteration, "sync")
     return SyncDone(sync_s=time.perf_counter() - start, policy_version=held, adapter_only=adapter,

@@ -74,7 +74,7 @@ class UpdateDone:
     save_s: float
     read_s: float
     state_dir: str | None  # this machine's copy of the new state: at a save point, or from a trainer service
-    weights_sha256: str
+    weights_sha256: str | None  # None: left to the sync, which waits for the trainer's hash (taken on a thread)
     state_uri: str | None = None  # the trainer service's own upload of the state
     adapter_dir: str | None = None  # LoRA with an adapter engine: this update's adapter alone (peft's layout)
     adapter_sha256: str | None = None

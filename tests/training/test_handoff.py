@@ -63,3 +63,37 @@ def test_an_engine_fed_in_memory_runs_the_trainers_policy(kind, arch, standins):
         assert all(torch.equal(before[k], tensors[k]) for k in tensors)  # the engine copied, never wrote, them
     finally:
         engine.close()
+
+
+def test_the_hash_runs_on_a_thread_and_the_next_update_waits_for_it(standins, monkeypatch):
+    """``handoff`` gives the tensors at once and their hash as a future, computed on a thread; an engine fed the
+    future reports the hash once it is done; an update begun while the hash still reads the weights waits for it,
+    so the hash is of the weights handed over, never of weights changed under it."""
+    import threading
+
+    from rlpipe.rollout.engines import new_engine
+    from rlpipe.storage import weights
+    from rlpipe.training import saving
+
+    torch.set_num_threads(1)
+    t = _trainer(standins["qwen2"])
+    t.update(fixed_batch(16), 0)
+    gate, real = threading.Event(), weights.weights_sha256
+    monkeypatch.setattr(saving, "weights_sha256", lambda ts: (gate.wait(60), real(ts))[1])
+    pending, tensors = t.handoff()
+    assert not pending.done()  # the caller goes on while the hash runs
+    expected = real({k: v.clone() for k, v in tensors.items()})
+    engine = new_engine("hf", standins["qwen2"], max_model_len=64)
+    try:
+        threading.Timer(0.5, gate.set).start()
+        assert engine.load_tensors(tensors, pending) == expected == engine.weights_sha256()
+    finally:
+        engine.close()
+    gate.clear()
+    t._handoff = None  # hashed anew, as after an update; the hash now waits at the gate
+    pending, tensors = t.handoff()
+    expected = real({k: v.clone() for k, v in tensors.items()})
+    threading.Timer(0.5, gate.set).start()
+    t.update(fixed_batch(32)[16:], 1)  # waits for the hash before the optimizer changes the weights in place
+    assert pending.result() == expected
+    assert t.policy_tensors()[0] != expected  # and the update's own weights hash anew

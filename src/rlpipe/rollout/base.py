@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlpipe.guards import WeightSyncError
 
-__all__ = ["Completion", "RolloutEngine", "SamplingConfig", "WeightSyncError"]
+__all__ = ["Completion", "Digest", "RolloutEngine", "SamplingConfig", "WeightSyncError", "resolved"]
+
+# A weights hash as a trainer hands it over: computed, or still being computed on a thread (a future).
+Digest = str | Future
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,11 @@ class RolloutEngine(Protocol):
         """Reload the policy from an HF folder in place; returns the sha256 of the weights now held."""
         ...
 
-    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> str:
         """Reload the policy from tensors in memory (an HF checkpoint's names and layout: what ``save_pretrained``
         would write), handed over by the trainer without a file. ``sha256``: their :func:`weights_sha256`, computed
-        once by the caller from these very tensors. The engine checks it consumed every tensor and reads back what
+        once by the caller from these very tensors, or a future of it (waited for with :func:`resolved` once
+        the tensors are in). The engine checks it consumed every tensor and reads back what
         it holds in plain form; returns the version it now reports (``sha256``)."""
         ...
 
@@ -59,3 +64,8 @@ class RolloutEngine(Protocol):
     def weights_sha256(self) -> str: ...
 
     def close(self) -> None: ...
+
+
+def resolved(sha256: Digest) -> str:
+    """A hash handed over while it is still being computed (``PolicyTrainer.handoff``), waited for; a string as it is."""
+    return sha256 if isinstance(sha256, str) else sha256.result()

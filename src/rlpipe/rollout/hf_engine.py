@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
 from rlpipe.tokens import eos_ids, folder_eos_ids
 from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder, weights_sha256
 from rlpipe.training.checkpoint import load_checkpoint
@@ -115,9 +115,9 @@ class HFEngine:
         return self.load_tensors(tensors, weights_sha256(tensors), where=str(folder))
 
     @torch.no_grad()
-    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: str, where: str = "the handed tensors") -> str:
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest, where: str = "the handed tensors") -> str:
         """Copied into the engine's own modules (never shared: the trainer changes its weights while this engine
-        may still generate with the last ones); the caller hashed them once (``sha256``)."""
+        may still generate with the last ones); the caller hashed them once (``sha256``, or a future of it)."""
         if not tensors:
             raise WeightSyncError("no tensors handed over")
         missing, unexpected = self.model.load_state_dict(dict(tensors), strict=False)
@@ -131,7 +131,7 @@ class HFEngine:
         differ = [k for k, t in tensors.items() if not torch.equal(held[k], t.to(held[k].device, held[k].dtype))]
         if differ:
             raise WeightSyncError(f"after reload the engine holds different values for {differ[:5]}")
-        self._sha = sha256
+        self._sha = resolved(sha256)
         self.last_readback = len(tensors)
         return self._sha
 

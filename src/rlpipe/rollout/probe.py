@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlpipe.rollout.base import WeightSyncError
+from rlpipe.threads import on_thread
 
 __all__ = ["ProbeBatch", "SyncProof", "build_probe", "default_tolerance", "load_policy", "max_gap"]
 
@@ -80,13 +82,15 @@ class SyncProof:
     tolerance: float
     last: list[list[float]] | None = None
 
-    def prove(self, engine: Any, trainer: Any, when: str) -> dict[str, float]:
+    def prove(self, engine: Any, trainer: Any, when: str, trainer_side: Future | None = None) -> dict[str, float]:
         """max |Δ log-prob| between engine and trainer on the probe batch; a WeightSyncError above tolerance.
-        Every replica of a replicated engine is proven, not only the one that answers first."""
+        Every replica of a replicated engine is proven, not only the one that answers first. ``trainer_side``: the
+        trainer's log-probs already being computed (:meth:`trainer_ahead`)."""
         probe = self.probe
         each = (engine.probe_each(probe.prompts, probe.continuations) if hasattr(engine, "probe_each")
                 else {engine.name: engine.sequence_logprobs(probe.prompts, probe.continuations)})
-        trainer_lp = trainer.sequence_logprobs(probe.prompts, probe.continuations)
+        trainer_lp = (trainer_side.result() if trainer_side is not None
+                      else trainer.sequence_logprobs(probe.prompts, probe.continuations))
         gaps = {name: max_gap(lp, trainer_lp) for name, lp in each.items()}
         worst = max(gaps, key=lambda k: gaps[k])
         gap, engine_lp = gaps[worst], next(iter(each.values()))
@@ -100,33 +104,47 @@ class SyncProof:
         self.last = engine_lp
         return {"probe_max_abs_diff": gap, "probe_policy_change": change, "probe_tokens": float(probe.tokens)}
 
+    def trainer_ahead(self, trainer: Any) -> Future | None:
+        """The trainer's side of the probe started on a thread, to run while the engine takes the weights (it
+        depends on the trainer alone); None for a trainer service (it streams the weights meanwhile) and where the
+        trainer has several ranks, whose forwards go in step."""
+        if getattr(trainer, "remote", False) or getattr(trainer, "world", 1) != 1:
+            return None
+        probe = self.probe
+        return on_thread(lambda: trainer.sequence_logprobs(probe.prompts, probe.continuations), "rlpipe-probe-trainer")
 
-def load_policy(engine: Any, folder: str | Path | None, weights_sha256: str, iteration: int, *,
+
+def load_policy(engine: Any, folder: str | Path | None, weights_sha256: str | None, iteration: int, *,
                 adapter_sha256: str | None = None, trainer: Any = None) -> str:
     """Put the trainer's new policy on the engine and check the hash it reports; returns the engine's hash.
 
     ``adapter_sha256`` (an engine started for adapter syncs): only the adapter in ``folder`` moves, and the
     adapter the engine read must be the trainer's. ``trainer`` and an engine that takes tensors: the trainer's
-    tensors are handed over in memory (an in-process trainer's own; a trainer service's streamed from it), with
-    the hash taken once after the update. Else the engine reloads the weights of ``folder``."""
+    tensors are handed over in memory (an in-process trainer's own; a trainer service's streamed from it), hashed
+    once after the update, on a thread while the engine takes them. Else the engine reloads the weights of
+    ``folder``. ``weights_sha256``: the hash the update reported; None where it left the hash to the trainer."""
     if adapter_sha256 is not None:
-        got = engine.load_adapter(Path(folder), weights_sha256)
+        version = weights_sha256 or trainer.policy_tensors()[0]
+        got = engine.load_adapter(Path(folder), version)
         if got != adapter_sha256:
             raise WeightSyncError(f"iteration {iteration}: engine {engine.name} read adapter {got[:12]}, the "
                                   f"trainer saved {adapter_sha256[:12]}")
-        held = engine.weights_sha256()
-    elif trainer is not None and hasattr(engine, "load_tensors"):
-        digest, tensors = trainer.policy_tensors()
-        if digest != weights_sha256:
-            raise WeightSyncError(f"iteration {iteration}: the trainer holds {digest[:12]}, its update reported "
-                                  f"{weights_sha256[:12]}: its weights changed after the update")
+        return _checked(engine, engine.weights_sha256(), version, iteration)
+    if trainer is not None and hasattr(engine, "load_tensors"):
+        digest, tensors = trainer.handoff()
         held = engine.load_tensors(tensors, digest)
-    elif folder is None:
+        if weights_sha256 is not None and digest.result() != weights_sha256:
+            raise WeightSyncError(f"iteration {iteration}: the trainer holds {digest.result()[:12]}, its update "
+                                  f"reported {weights_sha256[:12]}: its weights changed after the update")
+        return _checked(engine, held, digest.result(), iteration)
+    if folder is None or weights_sha256 is None:
         raise WeightSyncError(f"iteration {iteration}: engine {engine.name} takes weights only from a folder, and "
                               "this update wrote none (not a save point)")
-    else:
-        held = engine.load_weights(folder)
-    if held != weights_sha256:
+    return _checked(engine, engine.load_weights(folder), weights_sha256, iteration)
+
+
+def _checked(engine: Any, held: str, expected: str, iteration: int) -> str:
+    if held != expected:
         raise WeightSyncError(f"iteration {iteration}: engine {engine.name} holds {held[:12]} after reload, trainer "
-                              f"exported {weights_sha256[:12]}")
+                              f"exported {expected[:12]}")
     return held

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
 from rlpipe.tokens import folder_eos_ids
 from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder, weights_sha256
 
@@ -289,14 +289,14 @@ class VLLMEngine:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
         return self._load_tensors(tensors, weights_sha256(tensors))
 
-    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: str) -> str:
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> str:
         """The trainer's tensors in memory, hashed by the caller once (see :meth:`RolloutEngine.load_tensors`)."""
         if not tensors:
             raise WeightSyncError("no tensors handed over")
         with self._lock:
             return self._load_tensors(tensors, sha256)
 
-    def _load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: str) -> str:
+    def _load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> str:
         consumed: set[str] = set()
 
         def stream():
@@ -318,7 +318,7 @@ class VLLMEngine:
         if compared == 0:  # a read-back that compared nothing proves nothing (the probe must cover it all)
             raise WeightSyncError(f"the read-back after reload compared no tensor of {len(tensors)}: names or layout "
                                   "of the engine's parameters no longer match the checkpoint's")
-        self._sha, self._lora = sha256, None  # whole weights: no adapter on them
+        self._sha, self._lora = resolved(sha256), None  # whole weights: no adapter on them
         self.last_readback = compared
         return self._sha
 

@@ -7,12 +7,13 @@ passes between tasks stays small (URIs and summaries); the services hold the hea
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlpipe.threads import on_thread
 
 __all__ = ["RunServices", "register_services", "services", "stop_services"]
 
@@ -41,7 +42,7 @@ class RunServices:
         """Write save point ``iteration``'s state on a thread (train.async_save); :meth:`join_save` waits for it.
         Nothing may change the trainer's weights or optimizer until then."""
         self.join_save()
-        self.saving = (iteration, folder, _on_thread(write, f"rlpipe-save-{iteration}"))
+        self.saving = (iteration, folder, on_thread(write, f"rlpipe-save-{iteration}"))
 
     def join_save(self) -> float:
         """Wait for the save being written, if any (seconds waited); its error is raised here."""
@@ -56,7 +57,7 @@ class RunServices:
         joins it (:meth:`join_ahead`). One batch ahead at a time."""
         if self.background is not None:
             raise RuntimeError(f"iteration {self.background[0]}'s batch is still being generated ahead; join it first")
-        self.background = (iteration, _on_thread(work, f"rlpipe-prefetch-{iteration}"))
+        self.background = (iteration, on_thread(work, f"rlpipe-prefetch-{iteration}"))
 
     def join_ahead(self, iteration: int, draw: int) -> float | None:
         """Wait for the batch generated ahead for this rollout (seconds waited), None when there is none. Its
@@ -76,20 +77,6 @@ def _waited(future: Future, what: str) -> float:
     except Exception as e:
         raise RuntimeError(f"{what} failed: {e}") from e
     return time.perf_counter() - start
-
-
-def _on_thread(work: Callable[[], Any], name: str) -> Future:
-    """``work`` started on a daemon thread; its result or error in the future returned."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as e:  # noqa: BLE001 - handed to whoever joins it
-            future.set_exception(e)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
 
 
 _SERVICES: dict[str, RunServices] = {}

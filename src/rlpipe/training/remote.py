@@ -124,6 +124,14 @@ class RemoteTrainer:
             self._handoff = (self.version, tensors)
         return self._handoff
 
+    def handoff(self) -> tuple[Any, dict[str, Any]]:
+        """:meth:`policy_tensors` as :meth:`PolicyTrainer.handoff` gives them: the hash (the service's, checked
+        here) in a future that is already done."""
+        from rlpipe.threads import done
+
+        digest, tensors = self.policy_tensors()
+        return done(digest), tensors
+
     def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
         return self._post("/logprobs", {"run_id": self.run_id, "prompts": prompts, "continuations": continuations})["logprobs"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from rlpipe.storage.weights import weights_sha256
+from rlpipe.threads import done, on_thread
 from rlpipe.training.checkpoint import (
     ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, hf_checkpoint_tensors, read_trainer_state,
     rng_state, set_rng_state,
@@ -37,6 +39,14 @@ class Saving:
         dropped, weight conversions reverted; under LoRA the merged weights), and their sha256: computed once per
         update and kept until the next one (:meth:`PolicyTrainer.update` drops it). The tensors are the module's own
         (no copy): an engine copies them in. Rank 0's; other ranks get the digest and an empty dict."""
+        digest, tensors = self.handoff()
+        return digest.result(), tensors
+
+    def handoff(self) -> tuple[Future, dict[str, torch.Tensor]]:
+        """:meth:`policy_tensors` without waiting for the hash: the tensors now, their sha256 as a future. With one
+        rank the hash runs on a thread of its own (one core) while the caller hands the tensors to an engine: the
+        hash reads them, the engine copies them, neither writes. With several it is taken here and broadcast, in
+        step on every rank."""
         if self._handoff is None:
             if self.cfg.zero_stage == 3:  # each rank holds 1/N of every weight: all ranks gather them onto rank 0
                 raw = self.engine._zero3_consolidated_16bit_state_dict()
@@ -45,13 +55,14 @@ class Saving:
                                               else self.engine.module.state_dict())
             tensors = hf_checkpoint_tensors(self._saved_model(), raw) if self.rank == 0 else {}
             self._raw_state = raw  # what save_pretrained is given: it drops tied copies and reverts conversions itself
-            digest = weights_sha256(tensors) if self.rank == 0 else ""
-            if self.world > 1:
+            if self.world == 1:
+                digest = on_thread(lambda: weights_sha256(tensors), "rlpipe-weights-hash")
+            else:
                 import torch.distributed as dist
 
-                box = [digest]
+                box = [weights_sha256(tensors) if self.rank == 0 else ""]
                 dist.broadcast_object_list(box, src=0)
-                digest = box[0]
+                digest = done(box[0])
             self._handoff = (digest, tensors)
         return self._handoff
 

@@ -20,6 +20,7 @@ trainer, never at module import.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,8 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         self.agg_constant = self.cfg.loss_agg_constant or self.max_new_tokens
         if self.parts["loss_agg_mode"] == "constant" and not self.agg_constant:
             raise ValueError("loss_agg_mode 'constant' needs train.loss_agg_constant (or the rollout's max_new_tokens)")
-        self._handoff: tuple[str, dict[str, torch.Tensor]] | None = None  # policy_tensors(), until the next update
+        # handoff(): the sha256 (a future) and the tensors, until the next update
+        self._handoff: tuple[Future, dict[str, torch.Tensor]] | None = None
         self._raw_state: dict[str, torch.Tensor] | None = None
         torch.manual_seed(self.seed)
         # LoRA: the base weights are the start model's, the adapter a save point's (its merged weights are the
@@ -210,6 +212,8 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
 
         A mini-batch whose loss or gradient is not finite is skipped (no parameter or optimizer-state
         change) and counted in ``nonfinite_steps``."""
+        if self._handoff is not None:  # a hash still reading the last weights must finish before they change
+            wait([self._handoff[0]])
         self._handoff = None  # the weights change: the next policy_tensors() hashes them anew
         valid = [s for s in samples if s.valid]
         metrics: dict[str, float] = {"samples": len(samples), "samples_excluded": len(samples) - len(valid)}
