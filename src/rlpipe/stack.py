@@ -130,8 +130,12 @@ def _services(config: RunConfig, d: Path, rollout_replicas: int, trainer_ranks: 
         wanted.append(("reward-model", "RLPIPE_REWARD_MODEL_URL", ["serve", "reward-model", config.reward_model_spec]))
     if config.agent is not None:
         wanted.append(("env", "RLPIPE_ENV_URL", ["serve", "env"]))
+    lora = config.train.lora  # adapter syncs need replicas that serve LoRA (a trainer service sends merged weights)
+    lora_args = (["--lora-rank", str(lora.r)] if lora and config.rollout.lora_sync == "adapter"
+                 and config.rollout.engine == "vllm" and not trainer_ranks else [])
     wanted += [(f"rollout-{k}", "RLPIPE_ROLLOUT_URL", ["serve", "rollout", config.task.policy_model,
-                                                       "--engine", config.rollout.engine]) for k in range(rollout_replicas)]
+                                                       "--engine", config.rollout.engine, *lora_args])
+               for k in range(rollout_replicas)]
     if trainer_ranks:
         wanted.append(("trainer", "RLPIPE_TRAINER_URL", ["serve", "trainer", "--nproc", str(trainer_ranks)]))
     for name, var, args in wanted:

@@ -191,3 +191,17 @@ def test_serve_rollout_refuses_a_lora_rank_it_cannot_serve_before_starting(tiny_
 
     r = CliRunner().invoke(app, ["serve", "rollout", str(tiny_checkpoint), *args])
     assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_rlpipe_up_starts_replicas_with_lora_where_the_run_sends_adapters(tmp_path):
+    from rlpipe.stack import _services
+
+    def rollout_cmd(trainer_ranks: int = 0, **sections) -> list[str]:
+        config = RunConfig.model_validate({"rollout": {"engine": "vllm"}} | sections)
+        components, _ = _services(config, tmp_path, 1, trainer_ranks)
+        return next(c.cmd for c in components if c.name == "rollout-0")
+
+    assert rollout_cmd(train={"lora": LORA})[-4:-2] == ["--lora-rank", str(RANK)]
+    assert "--lora-rank" not in rollout_cmd(train={"lora": LORA}, rollout={"engine": "vllm", "lora_sync": "merged"})
+    assert "--lora-rank" not in rollout_cmd(trainer_ranks=2, train={"lora": LORA})  # a trainer service: merged weights
+    assert "--lora-rank" not in rollout_cmd()
