@@ -30,6 +30,7 @@ from tests.helpers.dist_update import fixed_batch
 from tests.helpers.prom import scrape
 from tests.helpers.s3server import free_port
 from tests.helpers.waiting import wait_healthy
+from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
 from tests.services.test_rollout_service import _serve
 
 RANK = 8
@@ -205,3 +206,22 @@ def test_rlpipe_up_starts_replicas_with_lora_where_the_run_sends_adapters(tmp_pa
     assert "--lora-rank" not in rollout_cmd(train={"lora": LORA}, rollout={"engine": "vllm", "lora_sync": "merged"})
     assert "--lora-rank" not in rollout_cmd(trainer_ranks=2, train={"lora": LORA})  # a trainer service: merged weights
     assert "--lora-rank" not in rollout_cmd()
+
+
+def test_a_lora_run_on_a_replica_sends_only_the_adapter_and_proves_every_sync(prefect_harness, lora_replica,
+                                                                               tiny_checkpoint, even_task, monkeypatch):
+    from rlpipe.config import settings
+    from rlpipe.history import read_history
+
+    url, _ = lora_replica
+    loads = scrape(url)["rlpipe_rollout_weight_loads_total"]
+    sets = rl_overrides(tiny_checkpoint, "rllora", "vllm", even_task, iterations=2) + [
+        "train.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}", "train.lr=1e-2"]
+    monkeypatch.setenv("RLPIPE_ROLLOUT_URL", url)
+    summary = invoke(["run", "--run-id", "rl-lora-replica"] + [x for s in sets for x in ("--set", s)])
+    assert summary["engine"] == "rollout×1" and summary["iterations_done"] == 2
+    assert summary["final_policy_version"] == httpx.get(f"{url}/health").json()["version"] != file_weights_sha256(tiny_checkpoint)
+    history = read_history(settings().run_dir("rl-lora-replica"))
+    assert [h["sync/adapter_only"] for h in history] == [1.0, 1.0]  # each sync moved the adapter alone …
+    assert all(h["sync/probe_max_abs_diff"] <= TOL for h in history)  # … and was proven on the replica
+    assert scrape(url)["rlpipe_rollout_weight_loads_total"] == loads + 3  # the start weights, then two adapters
