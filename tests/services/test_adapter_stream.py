@@ -165,6 +165,8 @@ def test_a_replica_without_lora_refuses_and_a_run_is_told_the_fix(lora_replica, 
         with pytest.raises(ValueError, match=r"HTTP 409.*--lora-rank.*rollout.lora_sync: merged"):
             ReplicatedEngine([RemoteEngine(url, store, "rl-nolora")]).load_adapter(tmp_path / "adapter", "ab" * 32)
         assert service.stats.weight_loads == 0 and httpx.get(f"{url}/health").json()["version"] == HFEngine(tiny_checkpoint).weights_sha256()
+        mixed = ReplicatedEngine([RemoteEngine(lora_url, store, "rl-mixed"), RemoteEngine(url, store, "rl-mixed")], adapters=True)
+        assert mixed.served_lora_rank == 0 and mixed.lora_rank is None  # what every replica serves: none
 
         monkeypatch.setenv("RLPIPE_HOME", str(tmp_path / "home"))
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe import http_client
-from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
+from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
 from rlpipe.storage.weight_stream import DEFAULT_BUCKET_BYTES
 
 log = logging.getLogger(__name__)
@@ -203,9 +203,9 @@ class RemoteEngine:
         """The folder's ``*.safetensors`` streamed to the replica (hashed once here)."""
         return self.load_tensors(*_read_folder(folder))
 
-    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> str:
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
         """``tensors`` (hashed by the caller: ``sha256``) streamed to the replica in buckets; the version it holds."""
-        return self.send_buckets(Buckets(tensors, self.bucket_bytes, readers=1), resolved(sha256))
+        return self.send_buckets(Buckets(tensors, self.bucket_bytes, readers=1), sha256)
 
     def send_buckets(self, buckets: Buckets, sha256: str) -> str:
         """The buckets to the replica: begin, one PUT per bucket (the next one encoded meanwhile), commit; the
@@ -339,9 +339,9 @@ class ReplicatedEngine:
         """The folder's ``*.safetensors`` streamed to every live replica (read and hashed once here)."""
         return self.load_tensors(*_read_folder(folder))
 
-    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> str:
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
         """``tensors`` encoded once and streamed to every live replica in parallel; the version they all hold."""
-        sha256, live = resolved(sha256), self.live()
+        live = self.live()
         buckets = Buckets(tensors, live[0].bucket_bytes, readers=len(live))
         return self._same(self._each(lambda replica: replica.send_buckets(buckets, sha256)))
 
@@ -362,9 +362,10 @@ class ReplicatedEngine:
 
     @property
     def served_lora_rank(self) -> int:
-        """The LoRA rank every live replica serves adapters up to (0: none, or they do not agree)."""
-        ranks = {replica.lora_rank for replica in self.live()}
-        return ranks.pop() if len(ranks) == 1 else 0
+        """The LoRA rank every live replica serves adapters up to: the smallest of theirs (0: one serves none).
+        Not "0 unless they agree": replicas of ranks 8 and 16 both serve an adapter of rank 8, and a 0 here would
+        turn a run's adapter syncs into merged ones without a word."""
+        return min(replica.lora_rank for replica in self.live())
 
     @property
     def lora_rank(self) -> int | None:
