@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe import http_client
-from rlpipe.rollout.base import Completion, SamplingConfig, WeightSyncError
+from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
 from rlpipe.storage.weight_stream import DEFAULT_BUCKET_BYTES
 
 log = logging.getLogger(__name__)
@@ -203,9 +203,9 @@ class RemoteEngine:
         """The folder's ``*.safetensors`` streamed to the replica (hashed once here)."""
         return self.load_tensors(*_read_folder(folder))
 
-    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> str:
         """``tensors`` (hashed by the caller: ``sha256``) streamed to the replica in buckets; the version it holds."""
-        return self.send_buckets(Buckets(tensors, self.bucket_bytes, readers=1), sha256)
+        return self.send_buckets(Buckets(tensors, self.bucket_bytes, readers=1), resolved(sha256))
 
     def send_buckets(self, buckets: Buckets, sha256: str) -> str:
         """The buckets to the replica: begin, one PUT per bucket (the next one encoded meanwhile), commit; the
@@ -339,9 +339,9 @@ class ReplicatedEngine:
         """The folder's ``*.safetensors`` streamed to every live replica (read and hashed once here)."""
         return self.load_tensors(*_read_folder(folder))
 
-    def load_tensors(self, tensors: Mapping[str, Any], sha256: str) -> str:
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> str:
         """``tensors`` encoded once and streamed to every live replica in parallel; the version they all hold."""
-        live = self.live()
+        sha256, live = resolved(sha256), self.live()
         buckets = Buckets(tensors, live[0].bucket_bytes, readers=len(live))
         return self._same(self._each(lambda replica: replica.send_buckets(buckets, sha256)))
 
