@@ -52,6 +52,11 @@ MODELS: dict[str, dict[str, int]] = {
     "30M": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "intermediate_size": 2048},
     "100M": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": 3072},
 }
+# Hub-format stand-ins (rlpipe.training.standin, as issue 17's tests use): a byte-level BPE tokenizer with the family's
+# chat template, 16-bit safetensors, generation_config.json; ~105M parameters.
+HUB_MODELS: dict[str, dict[str, Any]] = {
+    "100M-llama": {"arch": "llama", "hidden": 768, "layers": 12, "heads": 12, "kv_heads": 4, "intermediate": 3072},
+}
 STAGES = ("generate", "verify", "update", "sync", "save", "other")
 
 
@@ -65,22 +70,44 @@ class Point:
 AXES: dict[str, tuple[str, list[Point]]] = {
     "batch": ("completions per iteration (3M model, ≤8 new tokens)", [Point("3M", c, 8) for c in (64, 256, 1024)]),
     "length": ("response length (3M model, 256 completions)", [Point("3M", 256, t) for t in (8, 32, 128)]),
-    "model": ("model size (64 completions, ≤8 new tokens)", [Point(m, 64, 8) for m in MODELS]),
+    "model": ("model size (64 completions, ≤8 new tokens)", [Point(m, 64, 8) for m in [*MODELS, *HUB_MODELS]]),
 }
 
 
 def policy(home: Path, name: str) -> tuple[Path, int]:
-    """The untrained model ``name`` as a checkpoint folder (built once per home) and its parameter count."""
+    """The untrained model ``name`` as a checkpoint folder (built once per home) and its parameter count: one of
+    rlpipe's own MODELS (character tokenizer, float32), or one of HUB_MODELS (a hub-format stand-in)."""
     from rlpipe.config import ModelConfig
     from rlpipe.training.checkpoint import save_checkpoint
     from rlpipe.training.tiny import build_char_tokenizer, build_tiny_model
 
     folder = home / "models" / name
+    if name in HUB_MODELS:
+        return hub_policy(folder, name)
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(**MODELS[name]), tok, seed=0)
     if not (folder / "config.json").exists():
         save_checkpoint(folder, model, tok, trainer_state={"kind": "init"})
     return folder, sum(p.numel() for p in model.parameters())
+
+
+def hub_policy(folder: Path, name: str) -> tuple[Path, int]:
+    """The hub-format stand-in ``name`` (built once per home) and its parameter count, read from its weights."""
+    from safetensors import safe_open
+
+    from rlpipe.training.standin import build_standin
+
+    if not (folder / "config.json").exists():
+        build_standin(folder, **HUB_MODELS[name])
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        return folder, sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def overrides(p: Point, folder: Path, iterations: int, engine: str, save_interval: int | None = None) -> list[str]:

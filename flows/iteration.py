@@ -7,15 +7,18 @@ from concurrent.futures import wait
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from rlpipe import http_client
 from rlpipe.config import RunConfig
 from rlpipe.progress import Progress
 from rlpipe.runtime import RunContext, run_context, services
-from rlpipe.stages import RolloutDone, SyncDone, UpdateDone, VerifyDone, iteration_metrics
+from rlpipe.stages import RolloutDone, SavePointBehind, SyncDone, UpdateDone, VerifyDone, iteration_metrics
 from rlpipe.tracking.resources import monitor
 from tasks._log import run_logger
-from tasks.rl import evaluate, fault_point, prefetch_rollout, rollout, sync_weights, update, upload_checkpoint, verify
+from tasks.rl import (
+    evaluate, fault_point, prefetch_rollout, rollout, sync_weights, update, upload_behind, upload_checkpoint, verify,
+)
 from tasks.tracking import lora_tags, register_checkpoint
 
 # Earlier iterations the alert rules see: enough for every rule's window (throughput's median, memory
@@ -46,6 +49,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     waited = time.perf_counter()
     nxt = ahead.result() if ahead else None  # the engine is reloaded only once the batch ahead is written
     waited = time.perf_counter() - waited
+    progress = _record_behind(ctx, mlflow_run_id, dataset_version, progress)  # the last save point, uploaded behind
     with mon.stage("sync"):
         s = sync_weights(config, run_id, iteration, u)
     ev, val = None, None
@@ -54,9 +58,13 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
             ev, val = evaluate(config, run_id, "test"), evaluate(config, run_id, "validation")
     if config.rollout.prefetch and iteration < last:  # the next batch, on-policy, while this flow run ends
         prefetch_rollout(config, run_id, iteration + 1)
-    registered = None
+    registered, behind = None, None
     save_point = config.train.save_point(iteration)
-    if save_point:
+    if save_point and _upload_behind(ctx, iteration, last):
+        behind = SavePointBehind(iteration, u.state_dir, u.weights_sha256, val["accuracy"] if val else None,
+                                 ev["accuracy"] if ev else None, str(flow_run.get_id() or ""))
+        upload_behind(config, run_id, u, behind)
+    elif save_point:
         with mon.stage("save"):
             ck = upload_checkpoint(config, run_id, iteration, u).as_dict()
             registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
@@ -67,7 +75,8 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     metrics |= mon.metrics(mark) | http_client.drain()
     fired = _alerts(ctx, iteration, metrics)
     _log_tracking(ctx, mlflow_run_id, iteration, metrics, fired, ev)
-    _record(ctx, progress, iteration, draws, metrics, u, s, ev, val, registered, save_point)
+    _record(ctx, progress, iteration, draws, metrics, u, s, ev, val, registered, save_point and not behind,
+            behind.state_dir if behind else None)
     run_logger().info(
         "iteration %d: reward %.3f, accuracy %.3f%s, loss %.4f, %.2f s (generate %.2f, verify %.2f, update %.2f, "
         "sync %.2f; overhead %.0f%%)",
@@ -77,6 +86,46 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
         100 * metrics["time/overhead_share"],
     )
     return {"iteration": iteration, "metrics": metrics, "registered": registered, "alerts": [a.as_dict() for a in fired]}
+
+
+def _upload_behind(ctx: RunContext, iteration: int, last: int) -> bool:
+    """Whether save point ``iteration`` is uploaded behind the run (train.async_save): its state is being written on
+    a thread (the in-process trainer) and a next iteration is there to record it; the last is recorded at once."""
+    writing = services(ctx.run_id).saving
+    return iteration < last and writing is not None and writing[0] == iteration
+
+
+def record_behind(ctx: RunContext, mlflow_run_id: str, dataset_version: str) -> None:
+    """A run that stops between iterations (cancelled, an alert) first records the save point still uploading
+    behind it: the stop loses nothing a resume could have continued from."""
+    if services(ctx.run_id).uploading is not None:
+        ctx.folder.write_progress(_record_behind(ctx, mlflow_run_id, dataset_version, ctx.folder.read_progress() or Progress()))
+
+
+def _record_behind(ctx: RunContext, mlflow_run_id: str, dataset_version: str, progress: Progress) -> Progress:
+    """The save point of the iteration before, uploaded behind the run, recorded once its upload is whole (waited
+    for here): its model version registered (tagged with its own flow run), then the store's record and this
+    machine's resume record, as an iteration that records its own save point does. The progress, updated."""
+    done = services(ctx.run_id).join_upload()
+    if done is None:
+        return progress
+    point, ck = done
+    if progress.completed_iteration != point.iteration:
+        raise RuntimeError(f"save point {point.iteration} was uploaded behind the run, but the progress is at "
+                           f"iteration {progress.completed_iteration}: not recorded (a resume starts before it)")
+    config, ck = ctx.config, ck.as_dict()
+    with monitor().stage("save"):
+        registered = register_checkpoint(config, ctx.run_id, mlflow_run_id, ck, dataset_version, point.iteration,
+                                         aliases=("latest",), accuracy=point.accuracy, test_accuracy=point.test_accuracy,
+                                         extra_tags=(lora_tags(config, ck) or {}) | {"prefect_flow_run_id": point.flow_run_id})
+    fault_point(point.iteration, "register")
+    if registered:
+        progress = progress.but(last_registered=registered["version"])
+    progress = ctx.state.save_point(progress.but(resume_dir=point.state_dir))
+    ctx.folder.write_resume(progress)
+    run_logger().info("save point %d, uploaded behind the run, recorded%s", point.iteration,
+                      f": model version {registered['version']}" if registered else "")
+    return progress
 
 
 def _log_tracking(ctx: RunContext, mlflow_run_id: str, iteration: int, metrics: dict[str, float], fired: list,
@@ -141,9 +190,11 @@ def _alerts(ctx: RunContext, iteration: int, metrics: dict[str, float]) -> list:
 
 def _record(ctx: RunContext, progress: Progress, iteration: int, draws: list[tuple[RolloutDone, VerifyDone]],
             metrics: dict[str, float], u: UpdateDone, s: SyncDone, ev: dict[str, Any] | None, val: dict[str, Any] | None,
-            registered: dict[str, Any] | None, save_point: bool) -> None:
+            registered: dict[str, Any] | None, save_point: bool, behind: str | None = None) -> None:
     """The iteration's line in ``progress`` (as the iteration began). At a save point the store's record first,
-    then this machine's resume record (``resume.json``: what a resume continues from), then its progress."""
+    then this machine's resume record (``resume.json``: what a resume continues from), then its progress.
+    ``behind``: the state of this iteration's save point, uploaded behind the run and recorded by the next
+    iteration: kept, not a save point yet."""
     ctx.folder.history.add(iteration, metrics)  # appended: the cost does not grow with the run
     norm = next((dv.reward_norm for _, dv in reversed(draws) if dv.reward_norm is not None), progress.reward_norm)
     progress = progress.but(reward_norm=norm, completed_iteration=iteration, weights_sha256=s.policy_version,
@@ -158,5 +209,6 @@ def _record(ctx: RunContext, progress: Progress, iteration: int, draws: list[tup
         progress = ctx.state.save_point(progress.but(resume_dir=u.state_dir))
         ctx.folder.write_resume(progress)
     ctx.folder.write_progress(progress)
-    if progress.resume_dir:  # a trainer service's state of every iteration, or the save point before this one
-        ctx.folder.prune_states(keep=progress.resume_dir)
+    keep = [d for d in (progress.resume_dir, behind) if d]
+    if keep:  # a trainer service's state of every iteration, or the save point before this one (and one uploading)
+        ctx.folder.prune_states(keep=keep)

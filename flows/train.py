@@ -14,7 +14,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from flows.iteration import iteration
+from flows.iteration import iteration, record_behind
 from rlpipe.config import RunConfig
 from rlpipe.eta import Eta
 from rlpipe.guards import NonFiniteUpdate, RewardCircuitOpen
@@ -102,6 +102,7 @@ def _train(ctx: RunContext, allow_config_change: bool) -> str | State:
     dataset = prepare_dataset(config)
     progress, changes = _resume_point(ctx, dataset["version"], allow_config_change)
     mlflow_run = start_tracking(config, ctx.run_id, "rl", dataset["version"])
+    _logged_already(ctx, mlflow_run)
     if changes:
         _record_change(ctx, mlflow_run, progress, changes)
     ctx.resolve_models()
@@ -151,6 +152,7 @@ def _loop(ctx: RunContext, mlflow_run: str, dataset_version: str, first: int) ->
     mark = time.perf_counter()  # an iteration's total runs from the last one's mark to its own: nothing is left out
     for k in range(first, config.train.total_iterations):
         if reason := cancel_requested(flow_run.id):  # the UI, the CLI or an automation, between iterations
+            record_behind(ctx, mlflow_run, dataset_version)
             return _cancelled(config, run_id, mlflow_run, k - 1, reason)
         out = _iteration(config, run_id, k, mlflow_run, dataset_version)
         now = time.perf_counter()
@@ -158,6 +160,7 @@ def _loop(ctx: RunContext, mlflow_run: str, dataset_version: str, first: int) ->
         mark = now
         run_logger().info("run %s: iteration %s", run_id, eta.tick(k + 1))
         if reason := raise_alerts(config, run_id, k, out["alerts"]):
+            record_behind(ctx, mlflow_run, dataset_version)
             return _cancelled(config, run_id, mlflow_run, k, reason)
     return None
 
@@ -262,6 +265,21 @@ def _record_change(ctx: RunContext, mlflow_run: str, progress: Progress, changes
             config_changes=progress.config_changes + [{"iteration": at, "changes": changes}]))
 
 
+def _logged_already(ctx: RunContext, mlflow_run: str) -> None:
+    """The last iteration whose metrics, and whose outer timings, the MLflow run holds already: a kill can fall
+    between an iteration's logging and its record, or between the two, and an iteration redone after a resume is
+    logged once, not twice."""
+    if not mlflow_run or ctx.folder.read_progress() is None:  # a new run: nothing logged yet
+        return
+    client = ctx.tracker.client
+
+    def last(key: str) -> int:
+        return max((m.step for m in client.get_metric_history(mlflow_run, key)), default=-1)
+
+    ctx.logged_through = max(ctx.logged_through, last("time/iteration_s"))
+    ctx.outer_logged_through = last("time/iteration_total_s")
+
+
 def _account_outer_time(ctx: RunContext, k: int, mlflow_run: str, m: dict[str, float], total: float) -> None:
     """Overhead as the parent sees it: ``total`` is the parent's wall since the previous iteration's mark, so it
     holds the iteration flow run's own start/finish and the parent's work between iterations (the previous
@@ -270,7 +288,8 @@ def _account_outer_time(ctx: RunContext, k: int, mlflow_run: str, m: dict[str, f
     compute = m["time/generate_s"] + m["time/verify_s"] + m["time/update_s"]
     extra = {"time/iteration_total_s": total, "time/overhead_total_s": total - compute - m["time/eval_s"],
              "time/overhead_total_share": (total - compute - m["time/eval_s"]) / max(total - m["time/eval_s"], 1e-9)}
-    ctx.tracker.log_metrics(mlflow_run, extra, k)
+    if k > ctx.outer_logged_through:  # else logged before a resume redid iteration k
+        ctx.tracker.log_metrics(mlflow_run, extra, k)
     ctx.folder.history.extend(k, extra)
 
 

@@ -11,6 +11,7 @@ a run in :mod:`rlpipe.guards`.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -32,7 +33,7 @@ from rlpipe.rollout.probe import load_policy
 from rlpipe.rollout.scoring import score_batch
 from rlpipe.runtime import RunContext, RunServices, register_services, run_context, services
 from rlpipe.runtime.assembly import ServicesStarted, build_services
-from rlpipe.stages import RolloutDone, SavedCheckpoint, SyncDone, UpdateDone, VerifyDone
+from rlpipe.stages import RolloutDone, SavedCheckpoint, SavePointBehind, SyncDone, UpdateDone, VerifyDone
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.storage.schemas import TRAJECTORY_SCHEMA
 from tasks._log import run_logger
@@ -264,6 +265,31 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
     return greedy_eval(svc.engine, svc.tokenizer, svc.pool, rows, svc.ground_truth,
                        max_new_tokens=config.rollout.max_new_tokens, reward_model=svc.reward_model,
                        agent=config.agent, env_url=env_url)
+
+
+def upload_behind(config: RunConfig, run_id: str, update_ref: UpdateDone, point: SavePointBehind) -> None:
+    """train.async_save: save point ``point.iteration``'s state uploaded to the store on a thread once it is written,
+    while the next iteration runs; that iteration records it (``flows.iteration._record_behind``). An upload that
+    fails is tried twice more, as the upload stage is; a save point whose upload failed is never recorded."""
+    svc, ctx = services(run_id), run_context(run_id, config)
+    written = svc.saving[2] if svc.saving is not None else None  # the local write (the next update joins it too)
+
+    def work() -> SavedCheckpoint:
+        if written is not None:
+            written.result()
+        for attempt in range(3):
+            try:
+                uri = ctx.state.upload_state(Path(update_ref.state_dir), point.iteration, update_ref.weights_sha256)
+                break
+            except Exception as e:  # noqa: BLE001 - tried again, then raised to whoever records the save point
+                if attempt == 2:
+                    raise
+                logging.getLogger("rlpipe").warning("uploading save point %d failed (%s); trying again", point.iteration, e)
+                time.sleep(2)
+        fault_point(point.iteration, "upload")
+        return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=update_ref.weights_sha256)
+
+    svc.upload_in_background(point, work)
 
 
 @stage("upload-checkpoint", retries=2, retry_delay_s=2, timeout_s=600)

@@ -77,10 +77,11 @@ class RunFolder:
         """The last save point no longer needed: the next save writes its files over this one's (RecyclingWrites)."""
         return self.path / "state" / "spare"
 
-    def prune_states(self, keep: str | Path) -> None:
-        """Only ``keep`` stays a save point; the newest other one becomes the spare that the next save writes
-        over (its pages reused, see RecyclingWrites), the rest are deleted."""
-        old = sorted((d for d in (self.path / "state").glob("iter=*") if str(d) != str(keep)),
+    def prune_states(self, keep: str | Path | list[str | Path]) -> None:
+        """Only ``keep`` (one folder or several) stays; the newest other one becomes the spare that the next save
+        writes over (its pages reused, see RecyclingWrites), the rest are deleted."""
+        kept = {str(k) for k in (keep if isinstance(keep, list) else [keep])}
+        old = sorted((d for d in (self.path / "state").glob("iter=*") if str(d) not in kept),
                      key=lambda d: int(d.name.partition("=")[2]))
         if not old:
             return

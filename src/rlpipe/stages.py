@@ -96,6 +96,19 @@ class SyncDone:
 
 
 @dataclass(frozen=True)
+class SavePointBehind:
+    """A save point whose state is uploaded behind the run (train.async_save): what a later iteration needs to
+    record it once the upload is whole (its model version's accuracies and flow run, its local state)."""
+
+    iteration: int
+    state_dir: str
+    weights_sha256: str
+    accuracy: float | None
+    test_accuracy: float | None
+    flow_run_id: str
+
+
+@dataclass(frozen=True)
 class SavedCheckpoint:
     checkpoint_uri: str
     weights_sha256: str

@@ -16,9 +16,13 @@ from rlpipe.tracking.mlflow_utils import Tracker
 from tests.flows.test_train_flow import _cli, even_task, rl_overrides  # noqa: F401 - fixture re-used
 
 # (iteration, stage): SIGKILL right after that stage. Iteration 2's kills happen after the local run
-# folder was deleted: that resume comes from the store's save point of iteration 1.
+# folder was deleted: those resumes come from the store's save points.
 # (1, "save"): half-way through iteration 1's save point, written on a thread (train.async_save).
-BOUNDARIES = [(0, "rollout"), (0, "verify"), (1, "save"), (1, "update"), (1, "sync"), (2, "upload"), (2, "register")]
+# (0, "upload") and (0, "register"): iteration 0's save point is uploaded behind the run (train.async_save) and
+# recorded by iteration 1 after its update; the kills come on the upload's thread, then between its model version's
+# registration and its record. Iteration 2 is the last: its save point is uploaded and recorded at once.
+BOUNDARIES = [(0, "rollout"), (0, "verify"), (0, "upload"), (0, "register"), (1, "save"), (1, "update"), (1, "sync"),
+              (2, "upload"), (2, "register")]
 
 
 def _args(run_id, sets, *extra):
@@ -50,6 +54,8 @@ def test_kill_at_every_stage_boundary_resumes_to_the_same_weights(api, reference
             shutil.rmtree(settings().run_dir("rl-kill"))  # another machine: only the store and MLflow remain
         killed = _cli(_args("rl-kill", sets), {"RLPIPE_FAULT": f"{iteration}:{stage}"}, api)
         assert killed.returncode == -9, (iteration, stage, killed.stderr[-3000:])
+        if (iteration, stage) == (0, "register"):  # registered, not recorded: a resume starts before it
+            assert json.loads((settings().run_dir("rl-kill") / "resume.json").read_text())["completed_iteration"] == -1
         if (iteration, stage) == (0, "rollout"):
             written = store.read_manifest(stage_prefix("rl-kill", 0, "rollout"))["written_at"]
     done = _cli(_args("rl-kill", sets), {}, api)
@@ -64,12 +70,23 @@ def test_kill_at_every_stage_boundary_resumes_to_the_same_weights(api, reference
     mine = [mv for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'") if mv.tags["run_id"] == "rl-kill"]
     assert sorted(int(mv.tags["iteration"]) for mv in mine) == [0, 1, 2]  # never a second version of a redone iteration
     assert [mv.tags["weights_sha256"] for mv in sorted(mine, key=lambda m: int(m.tags["iteration"]))][-1] == ref["final_policy_version"]
+    assert [_flow_run_name(mv.tags["prefect_flow_run_id"]) for mv in sorted(mine, key=lambda m: int(m.tags["iteration"]))] == [
+        f"rl-kill-iter-{k}" for k in (0, 1, 2)]  # recorded behind the run, each version still names its own flow run
     for key in ("time/iteration_s", "time/iteration_total_s"):  # each iteration's metrics in MLflow, once
         assert sorted(m.step for m in tracker.client.get_metric_history(got["mlflow_run_id"], key)) == [0, 1, 2], key
 
     again = _cli(_args("rl-kill", sets), {}, api)  # a finished run run again changes nothing
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((settings().run_dir("rl-kill") / "summary.json").read_text())["final_policy_version"] == ref["final_policy_version"]
+
+
+def _flow_run_name(flow_run_id: str) -> str:
+    from uuid import UUID
+
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(UUID(flow_run_id)).name
 
 
 def test_between_save_points_nothing_is_written_and_a_kill_redoes_from_the_last(api, reference):

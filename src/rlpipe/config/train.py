@@ -189,9 +189,11 @@ class TrainConfig(Strict):
         "policy matches).")
     async_save: bool = Field(
         True, description="Write a save point's local state in a background thread while the sync, the evaluation "
-        "and the next batch's generation go on; it is joined before the next update and before the state is "
-        "uploaded, and a kill during it resumes from the previous complete save point. For the in-process "
-        "trainer; a trainer service writes its state before it answers.")
+        "and the next batch's generation go on (joined before the next update), then upload it to the object store "
+        "behind the run: the next iteration registers its model version and records the save point once the upload "
+        "is whole, after its own update (the last iteration's save point is recorded at once, and a run that stops "
+        "between iterations records it first). A kill before that resumes from the previous complete save point. "
+        "For the in-process trainer; a trainer service writes and uploads its state before it answers.")
 
     def save_point(self, iteration: int) -> bool:
         """Whether ``iteration`` ends with a save point: every ``save_interval``-th iteration and the last."""

@@ -45,8 +45,9 @@ class RunContext:
     resume_fingerprint: str  # what stored stages must match to be reused
     models: ModelPaths | None = field(default=None)  # set by resolve_models, once the data is ready
     # A resume from a save point before the last completed iteration: the iterations up to this one are redone,
-    # and their metrics are in MLflow already (logged once, not twice).
+    # and their metrics are in MLflow already (logged once, not twice); the parent's outer timings up to the other.
     logged_through: int = -1
+    outer_logged_through: int = -1
 
     @classmethod
     def resolve(cls, config: RunConfig, run_id: str, s: Settings | None = None) -> "RunContext":

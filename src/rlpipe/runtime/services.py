@@ -37,6 +37,9 @@ class RunServices:
     background: tuple[int, Any] | None = None
     # A save point's state being written (train.async_save): (iteration, its folder, Future), or None.
     saving: tuple[int, str, Any] | None = None
+    # A save point being uploaded to the store behind the run (train.async_save): (what the flow records once it
+    # is whole, Future of the upload), or None. Recorded by a later iteration (:meth:`join_upload`).
+    uploading: tuple[Any, Any] | None = None
 
     def save_in_background(self, iteration: int, folder: str, write: Callable[[], None]) -> None:
         """Write save point ``iteration``'s state on a thread (train.async_save); :meth:`join_save` waits for it.
@@ -51,6 +54,23 @@ class RunServices:
         iteration, folder, future = self.saving
         self.saving = None
         return _waited(future, f"writing save point {iteration} ({folder}) in the background")
+
+    def upload_in_background(self, point: Any, work: Callable[[], Any]) -> None:
+        """Upload a save point's state on a thread (``work``: it waits for the state to be written first);
+        ``point``: what the flow records once the upload is whole (:meth:`join_upload`). One at a time."""
+        if self.uploading is not None:
+            raise RuntimeError("a save point is still being uploaded; record it (join_upload) first")
+        self.uploading = (point, on_thread(work, "rlpipe-upload"))
+
+    def join_upload(self) -> tuple[Any, Any] | None:
+        """The save point uploaded in the background, once whole: (its point, the upload's result); None when
+        there is none. Its error is raised here (the save point is not recorded: a resume starts before it)."""
+        if self.uploading is None:
+            return None
+        point, future = self.uploading
+        self.uploading = None
+        _waited(future, f"uploading save point {getattr(point, 'iteration', '?')} in the background")
+        return point, future.result()
 
     def generate_ahead(self, iteration: int, work: Callable[[], Any]) -> None:
         """Run ``work`` (iteration ``iteration``'s first batch) on a thread now; the rollout of that iteration
@@ -106,6 +126,11 @@ def stop_services(run_id: str) -> None:
     if s.saving is not None:  # never leave a save half-written behind a stopped run (a failed one is not recorded)
         try:
             s.join_save()
+        except RuntimeError as e:
+            logging.getLogger("rlpipe").warning("run %s stopped; %s (a resume starts from the save point before)", run_id, e)
+    if s.uploading is not None:  # never leave an upload going behind a stopped run (it was not recorded)
+        try:
+            s.join_upload()
         except RuntimeError as e:
             logging.getLogger("rlpipe").warning("run %s stopped; %s (a resume starts from the save point before)", run_id, e)
     if s.background is not None:  # the process keeps its engine for the next run: never leave it generating

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlpipe.storage.weights import file_weights_sha256, weights_sha256
+from rlpipe.storage.weights import file_weights_sha256
 from rlpipe.tokens import load_tokenizer
 
 TRAINER_STATE = "trainer_state.json"
@@ -223,17 +223,14 @@ class RecyclingSafetensors:
     touch is slow. The weights are the larger part of a save point (exporting the 33.6M model's 134 MB took
     0.32–0.44 s into a new file, 0.095–0.099 s over the spare's; benchmarks/history.md). Each file is written
     straight from the tensors it is handed (a valid safetensors file that any reader loads; the tensors in name
-    order), and the weights' hash (:func:`weights_sha256`) is taken from the same tensors as they are written, so
-    the file is not read back to hash it. What was written is checked where it is read: the engine hashes what it
-    loads at each sync and compares it with this hash, and a resume hashes the state's file.
+    order); a dtype it does not map goes to transformers' own writer. The weights' hash is the trainer's, taken
+    once from the tensors handed over (``PolicyTrainer.policy_tensors``); a resume hashes the state's file.
 
     A context manager around one ``save_pretrained`` call of this thread; other threads' saves are untouched.
     """
 
     def __init__(self, folder: Path, spare: Spare | Path | None):
         self.folder, self.spare = Path(folder), Spare.of(spare)
-        self.written: dict[str, torch.Tensor] = {}
-        self.others = False
         self._thread: int | None = None
         self._original: Any = None
 
@@ -246,8 +243,7 @@ class RecyclingSafetensors:
         def save_file(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str] | None = None) -> None:
             if threading.get_ident() != self._thread:
                 return original(tensors, filename, metadata=metadata)
-            if any(t.dtype not in _SAFETENSORS_DTYPES for t in tensors.values()):
-                self.others = True  # a file not written here: the hash is then taken from the files
+            if any(t.dtype not in _SAFETENSORS_DTYPES for t in tensors.values()):  # a dtype it does not map
                 return original(tensors, filename, metadata=metadata)
             self.write(tensors, Path(filename), metadata)
 
@@ -273,9 +269,3 @@ class RecyclingSafetensors:
             os.ftruncate(fd, len(header) + size)
         finally:
             os.close(fd)
-        self.written.update(cpu)
-
-    def digest(self) -> str | None:
-        """:func:`weights_sha256` of every tensor written; None when save_pretrained wrote none here, or wrote a
-        file some other way (a dtype safetensors has and this writer has not): then hash the files."""
-        return weights_sha256(self.written) if self.written and not self.others else None
