@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from rlpipe.storage.atomic import write_atomic, write_json_atomic
+from rlpipe.storage.atomic import copy_atomic, write_atomic, write_json_atomic
 
 
 def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path):
@@ -26,3 +26,16 @@ def test_write_atomic_failure_keeps_the_old_file(tmp_path, monkeypatch):
         write_atomic(p, b"new")
     assert json.loads(p.read_text()) == {"v": 1}
     assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_copy_atomic_copies_whole_and_a_failure_keeps_the_old_file(tmp_path, monkeypatch):
+    src, p = tmp_path / "src.bin", tmp_path / "out" / "w.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    write_atomic(p, b"old")
+    copy_atomic(src, p)
+    assert p.read_bytes() == src.read_bytes() and os.listdir(p.parent) == ["w.bin"]
+    monkeypatch.setattr(os, "replace", lambda *_a, **_k: (_ for _ in ()).throw(OSError("disk gone")))
+    src.write_bytes(b"new")
+    with pytest.raises(OSError, match="disk gone"):
+        copy_atomic(src, p)
+    assert len(p.read_bytes()) == 3 << 20 and os.listdir(p.parent) == ["w.bin"]  # the old file, no temporary

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomic", "write_json_atomic"]
+__all__ = ["copy_atomic", "write_atomic", "write_json_atomic"]
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool = True) -> Path:
@@ -28,6 +29,27 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def copy_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str], *, fsync: bool = True) -> Path:
+    """The file ``src`` copied to ``path`` as :func:`write_atomic` writes, copied by the kernel (``sendfile``): no
+    copy of it in this process's memory, which for a save point's gigabyte of optimizer state is most of the cost."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        shutil.copyfile(src, tmp)
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import Settings, settings as read_settings
-from rlpipe.storage.atomic import write_atomic
+from rlpipe.storage.atomic import copy_atomic, write_atomic
 
 MANIFEST = "_manifest.json"
 
@@ -133,8 +133,19 @@ class ObjectStore:
         self.delete(prefix)
         for p in sorted(local_dir.rglob("*")):
             if p.is_file():
-                self.put_bytes(f"{prefix}/{p.relative_to(local_dir).as_posix()}", p.read_bytes())
+                self.put_file(p, f"{prefix}/{p.relative_to(local_dir).as_posix()}")
         return self.url(prefix)
+
+    def put_file(self, local: str | os.PathLike[str], key: str) -> None:
+        """A local file under ``key``, streamed (never whole in memory): copied by the kernel into a local store
+        (:func:`copy_atomic`), uploaded by S3's multipart upload otherwise (the object appears whole or not at all)."""
+        path, size = self.path(key), os.path.getsize(local)
+        if self.is_local:
+            copy_atomic(local, path)
+        else:
+            self.fs.put_file(str(local), path)
+        with _WRITTEN_LOCK:
+            _WRITTEN[0] += size
 
     def download_dir(self, prefix: str, local_dir: str | os.PathLike[str]) -> Path:
         local_dir = Path(local_dir)
