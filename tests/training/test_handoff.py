@@ -97,3 +97,21 @@ def test_the_hash_runs_on_a_thread_and_the_next_update_waits_for_it(standins, mo
     t.update(fixed_batch(32)[16:], 1)  # waits for the hash before the optimizer changes the weights in place
     assert pending.result() == expected
     assert t.policy_tensors()[0] != expected  # and the update's own weights hash anew
+
+
+def test_the_trainers_side_of_the_probe_runs_ahead_on_a_thread(standins):
+    """``SyncProof.trainer_ahead``: the trainer's probe log-probs computed on a thread while the engine reloads,
+    equal to the ones computed in line; a trainer service gets none (it streams the weights meanwhile)."""
+    from rlpipe.rollout.probe import ProbeBatch, SyncProof
+
+    torch.set_num_threads(1)
+    t = _trainer(standins["qwen2"])
+    t.update(fixed_batch(16), 0)
+    proof = SyncProof(ProbeBatch(PROMPTS, CONTS), tolerance=1e-3)
+    ahead = proof.trainer_ahead(t)
+    assert ahead is not None and ahead.result() == t.sequence_logprobs(PROMPTS, CONTS)
+
+    class Service:  # what SyncProof reads of a trainer service: it is remote
+        remote, world = True, 1
+
+    assert proof.trainer_ahead(Service()) is None

@@ -106,9 +106,10 @@ class SyncProof:
 
     def trainer_ahead(self, trainer: Any) -> Future | None:
         """The trainer's side of the probe started on a thread, to run while the engine takes the weights (it
-        depends on the trainer alone); None for a trainer service (it streams the weights meanwhile) and where the
-        trainer has several ranks, whose forwards go in step."""
-        if getattr(trainer, "remote", False) or getattr(trainer, "world", 1) != 1:
+        depends on the trainer alone); None for a trainer service (it streams the weights meanwhile), where the
+        trainer has several ranks, whose forwards go in step, and under ZeRO-3, whose forward gathers weights."""
+        zero3 = getattr(getattr(trainer, "cfg", None), "zero_stage", 0) == 3
+        if getattr(trainer, "remote", False) or getattr(trainer, "world", 1) != 1 or zero3:
             return None
         probe = self.probe
         return on_thread(lambda: trainer.sequence_logprobs(probe.prompts, probe.continuations), "rlpipe-probe-trainer")
