@@ -25,7 +25,14 @@ demo-agent: install
 test:
 	@RLPIPE_INSTALL_BROWSER=1 bash scripts/install.sh
 	$(VENV)/bin/ruff check .
+# The browser test in a process of its own: the memory the rest of the suite leaves in the first process would
+# starve the browser, the worker and the servers it drives (its page loads failed at the suite's end).
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(VENV)/bin/python -m pytest -q --durations=25 --ignore=tests/ui
+	$(VENV)/bin/python -m pytest -q --durations=5 tests/ui
+else
 	$(VENV)/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+endif
 
 # The linter alone (pyproject.toml's [tool.ruff]); `make test` runs it first.
 lint: install

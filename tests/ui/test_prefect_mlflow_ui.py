@@ -168,12 +168,13 @@ def _form_field(page: Any, label: str) -> Any:
 def _reload(page: Any) -> None:
     """Reload the page without waiting for its "load" event: under the suite's load the Prefect UI's
     assets can take longer than any fixed wait, and the badge read that follows waits for the page itself.
-    A reload that times out is retried on the next turn of the caller's loop, up to its deadline."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    A reload that times out or is aborted (the UI's own navigation can detach the frame) is retried on the next
+    turn of the caller's loop, up to its deadline."""
+    from playwright.sync_api import Error as PlaywrightError
 
     try:
         page.reload(wait_until="commit", timeout=60_000)
-    except PlaywrightTimeout:
+    except PlaywrightError:  # TimeoutError included
         pass
 
 
