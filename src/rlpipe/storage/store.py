@@ -156,7 +156,10 @@ class ObjectStore:
             rel = posixpath.relpath(key, prefix.strip("/"))
             dest = local_dir / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(self.get_bytes(key))
+            if self.is_local:  # streamed, as put_file uploads: never a gigabyte of state whole in memory
+                copy_atomic(self.path(key), dest, fsync=False)
+            else:
+                self.fs.get_file(self.path(key), str(dest))
         return local_dir
 
     # -- tables -------------------------------------------------------------------------------
