@@ -63,13 +63,12 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     if save_point and _upload_behind(ctx, iteration, last):
         behind = SavePointBehind(iteration, u.state_dir, u.weights_sha256, val["accuracy"] if val else None,
                                  ev["accuracy"] if ev else None, str(flow_run.get_id() or ""))
-        upload_behind(config, run_id, u, behind)
+        upload_behind(config, run_id, behind)
     elif save_point:
         with mon.stage("save"):
             ck = upload_checkpoint(config, run_id, iteration, u).as_dict()
-            registered = register_checkpoint(config, run_id, mlflow_run_id, ck, dataset_version, iteration,
-                                             aliases=("latest",), accuracy=val["accuracy"] if val else None,
-                                             test_accuracy=ev["accuracy"] if ev else None, extra_tags=lora_tags(config, ck))
+            registered = _register(ctx, mlflow_run_id, dataset_version, iteration, ck, val["accuracy"] if val else None,
+                                   ev["accuracy"] if ev else None)
         fault_point(iteration, "register")
     metrics = iteration_metrics(draws, u, s, ev, val, time.perf_counter() - start, nxt, waited)
     metrics |= mon.metrics(mark) | http_client.drain()
@@ -113,11 +112,9 @@ def _record_behind(ctx: RunContext, mlflow_run_id: str, dataset_version: str, pr
     if progress.completed_iteration != point.iteration:
         raise RuntimeError(f"save point {point.iteration} was uploaded behind the run, but the progress is at "
                            f"iteration {progress.completed_iteration}: not recorded (a resume starts before it)")
-    config, ck = ctx.config, ck.as_dict()
     with monitor().stage("save"):
-        registered = register_checkpoint(config, ctx.run_id, mlflow_run_id, ck, dataset_version, point.iteration,
-                                         aliases=("latest",), accuracy=point.accuracy, test_accuracy=point.test_accuracy,
-                                         extra_tags=(lora_tags(config, ck) or {}) | {"prefect_flow_run_id": point.flow_run_id})
+        registered = _register(ctx, mlflow_run_id, dataset_version, point.iteration, ck.as_dict(), point.accuracy,
+                               point.test_accuracy, {"prefect_flow_run_id": point.flow_run_id})
     fault_point(point.iteration, "register")
     if registered:
         progress = progress.but(last_registered=registered["version"])
@@ -126,6 +123,14 @@ def _record_behind(ctx: RunContext, mlflow_run_id: str, dataset_version: str, pr
     run_logger().info("save point %d, uploaded behind the run, recorded%s", point.iteration,
                       f": model version {registered['version']}" if registered else "")
     return progress
+
+
+def _register(ctx: RunContext, mlflow_run_id: str, dataset_version: str, iteration: int, ck: dict[str, Any],
+              accuracy: float | None, test_accuracy: float | None, tags: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """Save point ``iteration``'s model version (alias ``latest``), with its LoRA lineage and ``tags``."""
+    return register_checkpoint(ctx.config, ctx.run_id, mlflow_run_id, ck, dataset_version, iteration, aliases=("latest",),
+                               accuracy=accuracy, test_accuracy=test_accuracy,
+                               extra_tags=(lora_tags(ctx.config, ck) or {}) | (tags or {}) or None)
 
 
 def _log_tracking(ctx: RunContext, mlflow_run_id: str, iteration: int, metrics: dict[str, float], fired: list,

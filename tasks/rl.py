@@ -267,7 +267,7 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
                        agent=config.agent, env_url=env_url)
 
 
-def upload_behind(config: RunConfig, run_id: str, update_ref: UpdateDone, point: SavePointBehind) -> None:
+def upload_behind(config: RunConfig, run_id: str, point: SavePointBehind) -> None:
     """train.async_save: save point ``point.iteration``'s state uploaded to the store on a thread once it is written,
     while the next iteration runs; that iteration records it (``flows.iteration._record_behind``). An upload that
     fails is tried twice more, as the upload stage is; a save point whose upload failed is never recorded."""
@@ -279,7 +279,7 @@ def upload_behind(config: RunConfig, run_id: str, update_ref: UpdateDone, point:
             written.result()
         for attempt in range(3):
             try:
-                uri = ctx.state.upload_state(Path(update_ref.state_dir), point.iteration, update_ref.weights_sha256)
+                uri = ctx.state.upload_state(Path(point.state_dir), point.iteration, point.weights_sha256)
                 break
             except Exception as e:  # noqa: BLE001 - tried again, then raised to whoever records the save point
                 if attempt == 2:
@@ -287,7 +287,7 @@ def upload_behind(config: RunConfig, run_id: str, update_ref: UpdateDone, point:
                 logging.getLogger("rlpipe").warning("uploading save point %d failed (%s); trying again", point.iteration, e)
                 time.sleep(2)
         fault_point(point.iteration, "upload")
-        return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=update_ref.weights_sha256)
+        return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=point.weights_sha256)
 
     svc.upload_in_background(point, work)
 
