@@ -133,7 +133,8 @@ class RunState:
         prefix = self._checkpoint(iteration)
         if self.state_complete(iteration, weights_sha256):
             return self.store.url(prefix)
-        uri = self.store.upload_dir(local, prefix)
+        # A local store links the state's files (nothing writes over them: Spare.take skips a file with two names).
+        uri = self.store.upload_dir(local, prefix, link=True)
         self.mark_complete(iteration, weights_sha256, sorted(p.relative_to(local).as_posix() for p in Path(local).rglob("*")
                                                              if p.is_file()))
         return uri

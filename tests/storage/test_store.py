@@ -116,6 +116,25 @@ def test_a_file_larger_than_one_upload_part_goes_up_whole(store, tmp_path):
     assert hashlib.sha256((back / "optim.pt").read_bytes()).digest() == hashlib.sha256(data).digest()
 
 
+def test_a_linked_upload_names_the_local_file_in_a_local_store_and_copies_elsewhere(store, tmp_path, monkeypatch):
+    """A save point's state goes into a local store by hard link (one write of it, not two); S3, or a local store
+    on another file system, gets a copy; either way the same bytes come back."""
+    src = tmp_path / "state"
+    src.mkdir()
+    (src / "optim.pt").write_bytes(b"moments" * 1000)
+    store.upload_dir(src, "runs/r/checkpoints/iter=1", link=True)
+    back = store.download_dir("runs/r/checkpoints/iter=1", tmp_path / "back")
+    assert (back / "optim.pt").read_bytes() == b"moments" * 1000
+    assert os.stat(src / "optim.pt").st_nlink == (2 if store.is_local else 1)
+    if store.is_local:
+        assert os.stat(store.path("runs/r/checkpoints/iter=1/optim.pt")).st_ino == os.stat(src / "optim.pt").st_ino
+        monkeypatch.setattr(os, "link", lambda *_a, **_k: (_ for _ in ()).throw(OSError(18, "cross-device link")))
+        store.upload_dir(src, "runs/r/checkpoints/iter=2", link=True)
+        copied = store.path("runs/r/checkpoints/iter=2/optim.pt")
+        assert os.stat(copied).st_ino != os.stat(src / "optim.pt").st_ino
+        assert open(copied, "rb").read() == b"moments" * 1000
+
+
 def test_keys_and_run_ids_cannot_escape(store):
     with pytest.raises(ValueError):
         store.path("../etc/passwd")

@@ -237,3 +237,22 @@ def test_a_spare_that_a_loaded_model_maps_is_not_written_over(tiny_checkpoint, t
     assert all(torch.equal(before[k], v) for k, v in loaded.state_dict().items())
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "new")  # the new file holds the other model's weights
     assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), back.state_dict().values()))
+
+
+def test_a_spare_file_with_another_name_is_not_written_over(tmp_path):
+    """A local store links a save point's files (no second copy): once that point is the spare, a save that wrote
+    over its files in place would change the store's copy. Such a file is left; the save writes a new one."""
+    from rlpipe.storage import open_store
+
+    w = RecyclingWrites(_Torch())
+    spare, new = tmp_path / "spare", tmp_path / "iter=2"
+    (spare / "deepspeed").mkdir(parents=True)
+    (new / "deepspeed").mkdir(parents=True)
+    rel = "deepspeed/optim.pt"
+    w.recycle(spare, None).save(_state(50_000, 1), str(spare / rel))
+    store = open_store(str(tmp_path / "store"))
+    store.upload_dir(spare, "runs/r/checkpoints/iter=1", link=True)
+    stored = store.path(f"runs/r/checkpoints/iter=1/{rel}")
+    w.recycle(new, spare).save(_state(50_000, 2), str(new / rel))
+    assert (spare / rel).exists() and os.stat(new / rel).st_ino != os.stat(stored).st_ino
+    assert _same(w.load(stored), _state(50_000, 1)) and _same(w.load(str(new / rel)), _state(50_000, 2))

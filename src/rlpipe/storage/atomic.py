@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["copy_atomic", "write_atomic", "write_json_atomic"]
+__all__ = ["copy_atomic", "link_atomic", "write_atomic", "write_json_atomic"]
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool = True) -> Path:
@@ -55,6 +55,31 @@ def copy_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str], *, fs
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def link_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+    """``src`` named ``path`` too (a hard link), its data flushed to disk, as :func:`copy_atomic` leaves a copy: no
+    byte copied or written twice. False where the file system cannot link it there (another device, no hard
+    links): the caller copies instead. Only for files that nothing writes in place afterwards (both names are
+    one file); a save point's files are such (``Spare.take`` never writes over a file with another name)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> Path:

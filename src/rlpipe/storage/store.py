@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.config import Settings, settings as read_settings
-from rlpipe.storage.atomic import copy_atomic, write_atomic
+from rlpipe.storage.atomic import copy_atomic, link_atomic, write_atomic
 
 MANIFEST = "_manifest.json"
 
@@ -128,20 +128,25 @@ class ObjectStore:
         return json.loads(self.get_bytes(key))
 
     # -- folders (checkpoints) ----------------------------------------------------------------
-    def upload_dir(self, local_dir: str | os.PathLike[str], prefix: str) -> str:
+    def upload_dir(self, local_dir: str | os.PathLike[str], prefix: str, *, link: bool = False) -> str:
+        """Every file of ``local_dir`` under ``prefix`` (what was there before is deleted); ``link``: see
+        :meth:`put_file`."""
         local_dir = Path(local_dir)
         self.delete(prefix)
         for p in sorted(local_dir.rglob("*")):
             if p.is_file():
-                self.put_file(p, f"{prefix}/{p.relative_to(local_dir).as_posix()}")
+                self.put_file(p, f"{prefix}/{p.relative_to(local_dir).as_posix()}", link=link)
         return self.url(prefix)
 
-    def put_file(self, local: str | os.PathLike[str], key: str) -> None:
+    def put_file(self, local: str | os.PathLike[str], key: str, *, link: bool = False) -> None:
         """A local file under ``key``, streamed (never whole in memory): copied by the kernel into a local store
-        (:func:`copy_atomic`), uploaded by S3's multipart upload otherwise (the object appears whole or not at all)."""
+        (:func:`copy_atomic`), uploaded by S3's multipart upload otherwise (the object appears whole or not at all).
+        ``link``: a local store on the file's file system names the file itself (:func:`link_atomic`, nothing
+        copied), for files nothing writes in place afterwards: a save point's state (half the disk writes)."""
         path, size = self.path(key), os.path.getsize(local)
         if self.is_local:
-            copy_atomic(local, path)
+            if not (link and link_atomic(local, path)):
+                copy_atomic(local, path)
         else:
             self.fs.put_file(str(local), path)
         with _WRITTEN_LOCK:

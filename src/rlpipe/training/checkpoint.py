@@ -181,7 +181,8 @@ def _mapped_files() -> set[tuple[int, int, int]] | None:
 class Spare:
     """An earlier save point no longer needed, whose files one save writes over (their inodes and pages reused).
 
-    A file of it is taken only where this process does not map it: transformers' ``from_pretrained`` maps the
+    A file of it is taken only where it has no other name (a local store links a save point's files rather than
+    copying them) and where this process does not map it: transformers' ``from_pretrained`` maps the
     safetensors it loads (copy-on-write), and a trainer or engine built from that save point would see its
     weights change under it where it has not written them yet. Then, or where ``/proc/self/maps`` cannot be
     read, the write goes to a new file. The maps are read once, at the first file taken: in the RL loop's process
@@ -200,6 +201,8 @@ class Spare:
         if not old.is_file():
             return
         st = old.stat()
+        if st.st_nlink > 1:  # another name holds it too (a local store's copy of the save point): never written over
+            return
         if self._mapped is None or (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in self._mapped:
             return
         os.replace(old, path)
