@@ -49,11 +49,22 @@ def _stuck(scheduler: Any) -> list[str]:
             if r.num_computed_tokens >= r.num_tokens_with_spec + r.num_output_placeholders]
 
 
-CPU_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-}
+def cpu_list(cpus: set[int] | list[int]) -> str:
+    """CPU numbers as a cpulist ("0-3,6"), the form VLLM_CPU_OMP_THREADS_BIND takes."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and out[-1].rpartition("-")[2] == str(c - 1):
+            out[-1] = f"{out[-1].partition('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+def cpu_env() -> dict[str, str]:
+    """vLLM-CPU's settings where the caller set none: its OpenMP threads bound to the CPUs this process may run on
+    (all of a machine's, or a ``taskset``'s share: a rollout replica pinned beside a trainer), a 1 GiB KV cache."""
+    return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_list(os.sched_getaffinity(0)),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def _readback(model: Any, fed: dict[str, torch.Tensor], tp: int = 1) -> tuple[int, list[str]]:
@@ -157,7 +168,7 @@ class VLLMEngine:
     def __init__(self, model_dir: str | Path, max_model_len: int = 256, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  max_num_seqs: int | None = None, tensor_parallel_size: int = 1, enable_prefix_caching: bool = False,
                  stop_tokens: list[int | str] | None = None, lora_rank: int | None = None):
-        for k, v in CPU_ENV.items():
+        for k, v in cpu_env().items():
             os.environ.setdefault(k, v)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights reload via apply_model
         # vLLM logs to stdout by default: a line logged late would follow the result a command prints last (the
