@@ -127,13 +127,20 @@ def base_model(out: Path, steps: int) -> Path:
     return folder
 
 
-def rl_run(run_id: str, base: Path, iterations: int, env: dict[str, str], log: Path, extra: tuple[str, ...] = ()) -> dict:
-    """``rlpipe run`` in a process of its own: (summary, per-stage mean seconds per iteration, wall s)."""
+def _pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """``cmd`` run on ``cpus`` only (``taskset -c``), or as it is."""
+    return ["taskset", "-c", cpus, *cmd] if cpus else cmd
+
+
+def rl_run(run_id: str, base: Path, iterations: int, env: dict[str, str], log: Path, extra: tuple[str, ...] = (),
+           cpus: str | None = None) -> dict:
+    """``rlpipe run`` in a process of its own (on ``cpus``, where given): (summary, per-stage mean seconds per
+    iteration, wall s)."""
     sets = [f"task.policy_model={base}", "rollout.engine=vllm", f"train.total_iterations={iterations}",
             f"train.save_interval={iterations}", f"train.eval_interval={iterations}", "seed=0",
             "tracking.experiment=split-bench", "task.name=split-bench", *extra]
     t, load_before = time.perf_counter(), os.getloadavg()[0]
-    res = subprocess.run([sys.executable, "-c", CLI, "run", "--run-id", run_id] + [x for s in sets for x in ("--set", s)],
+    res = subprocess.run(_pinned([sys.executable, "-c", CLI, "run", "--run-id", run_id] + [x for s in sets for x in ("--set", s)], cpus),
                          env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True)
     wall = time.perf_counter() - t
     if res.returncode != 0:
@@ -162,8 +169,10 @@ def stage_means(history: list[dict]) -> dict[str, float]:
     return out
 
 
-def compare_runs(out: Path, base: Path, iterations: int, stamp: str, extra: tuple[str, ...] = ()) -> dict:
-    """The same config, engine in-process, then one vLLM replica behind `rlpipe serve rollout`."""
+def compare_runs(out: Path, base: Path, iterations: int, stamp: str, extra: tuple[str, ...] = (),
+                 pin: tuple[str, str] | None = None) -> dict:
+    """The same config, engine in-process, then one vLLM replica behind `rlpipe serve rollout`; ``pin``: the
+    remote run's (run, replica) CPUs, so that generation and the update each have cores of their own."""
     from tests.helpers.s3server import free_port
 
     store = str(out / "store")
@@ -173,12 +182,13 @@ def compare_runs(out: Path, base: Path, iterations: int, stamp: str, extra: tupl
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t = time.perf_counter()
-    proc = _start([sys.executable, "-c", CLI, "serve", "rollout", str(base), "--engine", "vllm", "--port", str(port)],
-                  _env(out / "home-service", store), out / "serve-rollout.log", [url])
+    proc = _start(_pinned([sys.executable, "-c", CLI, "serve", "rollout", str(base), "--engine", "vllm", "--port", str(port)],
+                          pin and pin[1]), _env(out / "home-service", store), out / "serve-rollout.log", [url])
     start_s = time.perf_counter() - t
     try:
         runs["remote"] = rl_run(f"split-remote-{stamp}", base, iterations, _env(home, store, {"RLPIPE_ROLLOUT_URL": url}),
-                                out / "run-remote.log", extra)
+                                out / "run-remote.log", extra, pin and pin[0])
+        runs["remote"]["pinned"] = {"run": pin[0], "replica": pin[1]} if pin else None
     finally:
         _stop(proc)
     runs["remote"]["service_start_s"] = round(start_s, 1)
@@ -420,6 +430,8 @@ def main() -> None:
     ap.add_argument("--base", type=Path, help="an SFT base model folder to use instead of training one")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override of the runs of step 1 (repeatable), e.g. rollout.async_steps=1")
+    ap.add_argument("--pin", metavar="RUN_CPUS/REPLICA_CPUS",
+                    help="the remote run on RUN_CPUS and the replica on REPLICA_CPUS (taskset lists), e.g. 0/1")
     ap.add_argument("--trainer", action="store_true", help="also compare the trainer in-process and as a 1- and 2-rank service")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: the timed service process of the sweep
     ap.add_argument("--stores", help=argparse.SUPPRESS)
@@ -436,7 +448,9 @@ def main() -> None:
                      "load_average_at_start": os.getloadavg(), "args": {k: str(v) for k, v in vars(a).items()}}
     md = []
     if not a.skip_runs:
-        results["runs"] = compare_runs(out, a.base or base_model(out, a.sft_steps), a.iterations, stamp, tuple(a.set))
+        pin = tuple(a.pin.split("/")) if a.pin else None
+        results["runs"] = compare_runs(out, a.base or base_model(out, a.sft_steps), a.iterations, stamp, tuple(a.set),
+                                       pin)
         md += ["## Stage by stage", "", runs_table(results["runs"]), ""]
         (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     if not a.skip_sweep:
