@@ -70,9 +70,11 @@ def data_validate(
     file: Path,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON lines.")] = False,
     plugin: Annotated[Optional[list[str]], typer.Option(help="Module registering extra verifiers the rows name (repeatable).")] = None,
+    redact: Annotated[Optional[Path], typer.Option("--redact", metavar="OUT", help="Also write a de-identified copy of FILE (same format) with each personal datum or secret replaced by a typed placeholder such as [EMAIL].")] = None,
 ) -> None:
     """Check a prompt file (JSONL/Parquet): shape, splits, each reference by its verifier, answers given
-    away in the prompt. Every finding names its row and the fix. Exit 1 if any."""
+    away in the prompt, personal data and secrets (also in preference and trajectory Parquet files). Every
+    finding names its row and the fix. Exit 1 if any."""
     import importlib
 
     from rlpipe.data import PromptFileError, dataset_version, load_prompts, validate_prompts
@@ -83,24 +85,69 @@ def data_validate(
         except ImportError as e:
             typer.echo(f"--plugin {module}: cannot import it ({e}); give an importable module name", err=True)
             raise typer.Exit(2) from None
+    from rlpipe.data.pii_files import is_trajectory_file, pii_findings
     from rlpipe.data.preferences import is_preference_file
 
+    _check_redact_target(file, redact)
+    if file.exists() and file.suffix == ".parquet" and is_trajectory_file(file):
+        _validate_trajectories(file, as_json, redact)
+        return
     if file.exists() and is_preference_file(file):
-        _validate_preferences(file, as_json)
+        _validate_preferences(file, as_json, redact)
         return
     with refused(None, (PromptFileError,)):
         table = load_prompts(file)
-    findings = validate_prompts(table)
+    findings = validate_prompts(table) + pii_findings(table)
+    _write_redacted(file, redact, as_json)
     _print_findings(file, findings, f"{table.num_rows} rows", dataset_version(table), as_json)
 
 
-def _validate_preferences(file: Path, as_json: bool) -> None:
+def _validate_preferences(file: Path, as_json: bool, redact: Path | None) -> None:
     """Preference pairs (rows with chosen/rejected): every finding names the row; exit 1 if any."""
+    from rlpipe.data.pii_files import pii_findings
     from rlpipe.data.preferences import PreferenceFileError, load_preferences, preference_version
 
     with refused(None, (PreferenceFileError,)):
         table, findings = load_preferences(file)
-    _print_findings(file, findings, f"{table.num_rows} preference pairs", preference_version(table), as_json)
+    _write_redacted(file, redact, as_json)
+    _print_findings(file, findings + pii_findings(table), f"{table.num_rows} preference pairs", preference_version(table), as_json)
+
+
+def _validate_trajectories(file: Path, as_json: bool, redact: Path | None) -> None:
+    """A trajectory Parquet file (a rollout or verify stage's part): personal data and secrets in its text
+    (response, reward reason, agent steps), each finding naming the row as ``prompt_id#sample_index``."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    from rlpipe.data.pii_files import pii_findings
+
+    table = pq.read_table(file)
+    _write_redacted(file, redact, as_json)
+    version = hashlib.sha256(file.read_bytes()).hexdigest()
+    _print_findings(file, pii_findings(table), f"{table.num_rows} trajectory rows", version, as_json)
+
+
+def _check_redact_target(file: Path, out: Path | None) -> None:
+    """--redact OUT: a new file of the same format, never FILE itself."""
+    if out is None:
+        return
+    if out.resolve() == file.resolve():
+        typer.echo(f"--redact {out}: that is the file being validated; give another path", err=True)
+        raise typer.Exit(2)
+    if out.suffix != file.suffix:
+        typer.echo(f"--redact {out}: the copy keeps the format of {file.name}; name it *{file.suffix}", err=True)
+        raise typer.Exit(2)
+
+
+def _write_redacted(file: Path, out: Path | None, as_json: bool) -> None:
+    from rlpipe.data.pii_files import redact_file
+
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replaced = redact_file(file, out)
+    typer.echo(f"{out}: de-identified copy written, {replaced} value(s) replaced", err=as_json)
 
 
 def _print_findings(file: Path, findings: list, rows: str, version: str, as_json: bool) -> None:

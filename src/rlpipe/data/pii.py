@@ -368,8 +368,8 @@ _ASSIGN = re.compile(
     r"(?i)(?<![\w])(?:[\w.-]*?(?:password|passwd|passphrase|secret|api[_-]?key|apikey|api[_-]?token"
     r"|access[_-]?token|auth[_-]?token|refresh[_-]?token|bearer[_-]?token|session[_-]?token|bot[_-]?token"
     r"|private[_-]?key|secret[_-]?key|access[_-]?key|credentials?)|(?:[\w.-]*?[_.-])?(?:pass|pwd))(?![\w])"
-    r"[\"']?[ \t]*(?:==|!=|:=|=>|=|:)[ \t]*@?"
-    r"(?:\"(?P<dq>[^\"\s\\]{1,200})\"|'(?P<sq>[^'\s\\]{1,200})'|`(?P<bq>[^`\s]{1,200})`"
+    r"(?:\\?[\"'])?[ \t]*(?:==|!=|:=|=>|=|:)[ \t]*@?"  # \\" too: JSON text (tests, chat prompts)
+    r"(?:\\?\"(?P<dq>[^\"\s\\]{1,200})\\?\"|'(?P<sq>[^'\s\\]{1,200})'|`(?P<bq>[^`\s]{1,200})`"
     r"|(?P<bare>[^\s\"'`,;(){}\[\]<>]{1,200})(?![(\[]))"
 )
 _PLACEHOLDER = re.compile(
