@@ -30,6 +30,7 @@ from rlpipe.rollout.batch import (
     with_column,
 )
 from rlpipe.rollout.probe import load_policy
+from rlpipe.rollout.redact import write_trajectories
 from rlpipe.rollout.scoring import score_batch
 from rlpipe.runtime import RunContext, RunServices, register_services, run_context, services
 from rlpipe.runtime.assembly import ServicesStarted, build_services
@@ -108,7 +109,7 @@ def generate_rollout(config: RunConfig, run_id: str, iteration: int, draw: int) 
     meta = stats | {"rows": table.num_rows, "cursor": cursor, "draw": draw, "policy_version": svc.engine.weights_sha256(),
                     "policy_iteration": policy_iteration, "staleness": staleness, "fingerprint": ctx.resume_fingerprint}
     start = time.perf_counter()
-    manifest = ctx.store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
+    manifest = write_trajectories(ctx.store, prefix, table, meta, redact=config.data.redact, tokenizer=svc.tokenizer)
     fault_point(iteration, "rollout")
     return RolloutDone.from_meta(meta | {"write_s": time.perf_counter() - start}, prefix, manifest["written_at"], reused=False)
 
@@ -139,7 +140,7 @@ def verify(config: RunConfig, run_id: str, iteration: int, rollout_ref: RolloutD
     meta = stats | inputs | {"alerts": alerts, "rows": scored.num_rows, "read_s": read_s, "draw": draw,
                              "fingerprint": ctx.resume_fingerprint}
     start = time.perf_counter()
-    ctx.store.write_stage(prefix, [scored], meta=meta, schema=TRAJECTORY_SCHEMA)
+    write_trajectories(ctx.store, prefix, scored, meta, redact=config.data.redact)  # tokens were masked at rollout
     fault_point(iteration, "verify")
     return VerifyDone.from_meta(meta | {"write_s": time.perf_counter() - start}, prefix, reused=False)
 

@@ -41,7 +41,7 @@ OPERATIONAL_PREFIXES = ("alerts.", "retention.", "services.", "tracking.register
 # Keys added after runs were recorded without them, each with its value that is the behaviour from before it
 # existed: a run recorded without the key resumes at that value unchanged (upgrading rlpipe does not refuse the
 # resume, nor redo the interrupted iteration's stages); any other value is a change like any other.
-ADDED_KEYS: dict[str, Any] = {"train.precision": "fp32", "train.shuffle": "samples"}
+ADDED_KEYS: dict[str, Any] = {"train.precision": "fp32", "train.shuffle": "samples", "data.redact": False}
 
 
 def _steers(key: str) -> bool:
