@@ -344,5 +344,16 @@ def test_aws_secret_needs_40_characters(text):
     assert [k for k, _ in _found(text)] == ["secret"]
 
 
+@pytest.mark.parametrize("text", ["a." * 20000, "x-" * 20000 + "=", "+" + "1" * 80 + "a", "1234 " * 8000, "a:" * 20000,
+                                  "eyJ" + "A" * 100000, "password " * 8000])
+def test_time_stays_linear_on_adversarial_text(text):
+    # a lazy unbounded name prefix took 100 s on the first of these; optional phone separators 0.6 s on 82 chars
+    import time
+
+    start = time.perf_counter()
+    find_pii(text)
+    assert time.perf_counter() - start < 5
+
+
 def test_luhn():
     assert luhn("4111111111111111") and not luhn("4111111111111112")

@@ -119,7 +119,9 @@ def _emails(text: str) -> Iterator[Span]:
 
 # -- phone numbers -----------------------------------------------------------------------------
 
-_PHONE_INTL = re.compile(r"\+[1-9]\d{0,2}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]?\d{1,12}){1,6}(?![\w]|[.,-]\d| \d)")
+# Groups need a separator (or a bare E.164 run): optional separators would let a long digit run split every way.
+_PHONE_INTL = re.compile(
+    r"\+(?:[1-9]\d{7,14}|[1-9]\d{0,2}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]\d{1,12}){1,6})(?![\w]|[.,-]\d| \d)")
 _PHONE_US = re.compile(
     r"(?<![\w.+/-])(?:1[ .-])?(?:\([2-9]\d{2}\)[ .-]?|[2-9]\d{2}(?P<sep>[.-]))[2-9]\d{2}"
     r"(?(sep)(?P=sep)|[ .-])\d{4}(?![\w]|[.,/-]\d| \d)"
@@ -365,9 +367,9 @@ def _pem_keys(text: str) -> Iterator[Span]:
 
 # `password = ...`, `api_key: ...`: the value alone is the finding. `pass`/`pwd` only as a whole name part.
 _ASSIGN = re.compile(
-    r"(?i)(?<![\w])(?:[\w.-]*?(?:password|passwd|passphrase|secret|api[_-]?key|apikey|api[_-]?token"
+    r"(?i)(?<![\w])(?:[\w.-]{0,40}?(?:password|passwd|passphrase|secret|api[_-]?key|apikey|api[_-]?token"
     r"|access[_-]?token|auth[_-]?token|refresh[_-]?token|bearer[_-]?token|session[_-]?token|bot[_-]?token"
-    r"|private[_-]?key|secret[_-]?key|access[_-]?key|credentials?)|(?:[\w.-]*?[_.-])?(?:pass|pwd))(?![\w])"
+    r"|private[_-]?key|secret[_-]?key|access[_-]?key|credentials?)|(?:[\w.-]{0,40}?[_.-])?(?:pass|pwd))(?![\w])"
     r"(?:\\?[\"'])?[ \t]*(?:==|!=|:=|=>|=|:)[ \t]*@?"  # \\" too: JSON text (tests, chat prompts)
     r"(?:\\?\"(?P<dq>[^\"\s\\]{1,200})\\?\"|'(?P<sq>[^'\s\\]{1,200})'|`(?P<bq>[^`\s]{1,200})`"
     r"|(?P<bare>[^\s\"'`,;(){}\[\]<>]{1,200})(?![(\[]))"
