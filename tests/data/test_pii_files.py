@@ -13,7 +13,7 @@ from rlpipe.data import load_prompts
 from rlpipe.data.pii_files import pii_findings, redact_file
 from rlpipe.storage.schemas import PROMPT_SCHEMA, TRAJECTORY_SCHEMA
 
-EMAIL = "jane.doe@example.org"
+EMAIL = "jane.doe@uni-bonn.de"
 KEY = "AKIALALEMEL33243OLIB"
 ROWS = [
     {"id": "q1", "prompt": f"Write to {EMAIL} and compute 12+34.", "task": "math", "ground_truth": "46", "split": "train"},

@@ -12,7 +12,7 @@ from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.training.tiny import build_char_tokenizer
 
-EMAIL = "jane.doe@example.org"
+EMAIL = "jane.doe@uni-bonn.de"
 PROMPT = "Who wrote 12+34=?"
 RESPONSE = f"Ask {EMAIL}; 12+34=46"
 

@@ -108,10 +108,18 @@ _GTLDS = frozenset(
 )
 
 
+# Addresses that belong to no person: RFC 2606's documentation domains, and service mailboxes
+# (git@github.com:owner/repo.git fills code data).
+_NOBODY_DOMAINS = frozenset({"example.com", "example.org", "example.net"})
+_NOBODY_LOCALS = frozenset({"git", "noreply", "no-reply", "donotreply", "do-not-reply", "mailer-daemon", "postmaster"})
+
+
 def _emails(text: str) -> Iterator[Span]:
     for m in _EMAIL.finditer(text):
-        local, tld = m.group(1), m.group(3).lower()
+        local, domain, tld = m.group(1), m.group(2).lower(), m.group(3).lower()
         if ".." in local or local.endswith("."):
+            continue
+        if local.lower() in _NOBODY_LOCALS or domain in _NOBODY_DOMAINS or domain.endswith(tuple("." + d for d in _NOBODY_DOMAINS)):
             continue
         if len(tld) == 2 or tld in _GTLDS or tld.startswith("xn--"):
             yield m.start(), m.end()
@@ -231,12 +239,23 @@ def luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
+# Issuer prefixes (IIN) and the lengths each issues: (first digits, lowest, highest). Visa 4; Mastercard 51-55 and
+# 2221-2720; Amex 34/37; Diners 300-305/36/38/39; Discover 6011/644-649/65; JCB 3528-3589; UnionPay 62; Maestro
+# 50/56-69 (Dankort 5019 among them); UATP 1 (15 digits).
+_IIN = [(("4",), 13, 19), (tuple(map(str, range(51, 56))) + tuple(map(str, range(2221, 2721))), 16, 16),
+        (("34", "37"), 15, 15), (("300", "301", "302", "303", "304", "305", "36", "38", "39"), 14, 19),
+        (("6011", "644", "645", "646", "647", "648", "649", "65"), 16, 19), (tuple(map(str, range(3528, 3590))), 16, 19),
+        (("62",), 16, 19), (("50", "56", "57", "58", "59", "6"), 12, 19), (("1",), 15, 15)]
+
+
+def _issued(digits: str) -> bool:
+    return any(digits.startswith(prefixes) and low <= len(digits) <= high for prefixes, low, high in _IIN)
+
+
 def _card_ok(s: str) -> bool:
     seps = {c for c in s if not c.isdigit()}
     digits = _digits(s)
-    if len(seps) > 1 or not 13 <= len(digits) <= 19 or digits[0] not in "123456" or len(set(digits)) == 1:
-        return False
-    if digits[0] == "1" and len(digits) == 13:  # no 13-digit card starts with 1 (presidio's rule)
+    if len(seps) > 1 or not 13 <= len(digits) <= 19 or len(set(digits)) == 1 or not _issued(digits):
         return False
     if seps and tuple(len(g) for g in re.split(r"[ -]", s)) not in _CARD_GROUPS:
         return False
@@ -287,6 +306,8 @@ def _ipv6s(text: str) -> Iterator[Span]:
         groups = [g for g in s.split("%")[0].replace("::", ":").split(":") if g]
         if "::" in s and not ("." in s or (len(groups) >= 2 and any(len(g) >= 2 for g in groups))):
             continue  # 1::2, ::5 — slices and ratios far more often than addresses
+        if not any(c.isdigit() for c in s):
+            continue  # cafe::feed, dead:beef:... — code paths and words spelled in hex
         try:
             addr = ipaddress.IPv6Address(s.split("%")[0])
         except ValueError:
@@ -380,10 +401,15 @@ _PLACEHOLDER = re.compile(
 _CODE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$|^[A-Za-z_][A-Za-z0-9]*_\w*$|^[A-Za-z_]+$")
 
 
+# Values every tutorial and test suite uses ("password123", "admin1234", "12345678"): trivial, not a secret.
+_TRIVIAL = re.compile(r"^(?:password|passwd|pass|secret|admin|test|qwerty|letmein|changeit|default|root|user|guest|"
+                      r"abc|foobar|welcome|login|[0-9])*[0-9!@#$%^&*._-]*$", re.I)
+
+
 def _credible(value: str, bare: bool) -> bool:
     """A literal that looks like a real credential: 8+ characters, some letters and some variety, not a
-    placeholder, and (unquoted) not code: ``args.password``, ``user_password``, ``password``."""
-    if len(value) < 8 or _PLACEHOLDER.search(value) or entropy(value) < 2.5:
+    placeholder nor a trivial value, and (unquoted) not code: ``args.password``, ``user_password``."""
+    if len(value) < 8 or _PLACEHOLDER.search(value) or entropy(value) < 2.5 or _TRIVIAL.match(value):
         return False
     if not any(c.isalnum() for c in value):
         return False
