@@ -39,6 +39,11 @@ def prepare_dataset(config: RunConfig) -> dict[str, Any]:
     else:
         table = load_prompts(config.task.dataset, default_task=config.reward.verifier)
         name = config.task.dataset.rsplit("/", 1)[-1].split(".")[0]
+    if config.data.redact:  # the stored dataset, and so the prompts the policy reads, de-identified too
+        from rlpipe.data.pii_files import redact_table
+
+        table, replaced = redact_table(table)
+        run_logger().info("data.redact: %d prompt value(s) de-identified", replaced)
     findings = validate_prompts(table, options=config.reward.verifier_options())
     if findings:
         shown = "\n".join(f"  {f}" for f in findings[:20])

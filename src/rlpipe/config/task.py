@@ -42,8 +42,8 @@ class DataConfig(Strict):
     seed: int = Field(0, description="Seed of the split; the same seed gives the same dataset version.")
     redact: bool = Field(
         False,
-        description="De-identify trajectories before they reach the store: e-mail addresses, phone numbers, national "
-        "IDs, IP addresses and credentials in the response text become typed placeholders ([EMAIL]), the tokens "
+        description="De-identify what reaches the store: e-mail addresses, phone numbers, national IDs, IP addresses "
+        "and credentials in the prompt set and in each trajectory become typed placeholders ([EMAIL]), the tokens "
         "that spell them the pad token, kept out of the loss. The verifier then scores the redacted text. See "
         "docs/data.md, \"Personal data and secrets\".",
     )

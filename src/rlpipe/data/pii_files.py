@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from rlpipe.data.pii import find_pii, redact
 from rlpipe.data.prompts import Finding
 
-__all__ = ["IDENTIFIERS", "PersonalDataFinding", "pii_findings", "redact_file", "redact_value", "is_trajectory_file"]
+__all__ = ["IDENTIFIERS", "PersonalDataFinding", "pii_findings", "redact_file", "redact_table", "redact_value",
+           "is_trajectory_file"]
 
 IDENTIFIERS = frozenset({
     "id", "task", "split", "chat", "run_id", "prompt_id", "policy_version", "verifier", "verifier_version",
@@ -82,6 +83,12 @@ def redact_value(value: Any, key: str = "") -> tuple[Any, int]:
     return value, 0
 
 
+def redact_table(table: pa.Table) -> tuple[pa.Table, int]:
+    """The table with every text value redacted (same schema), and how many values were replaced."""
+    rows, n = redact_value(table.to_pylist())
+    return (pa.Table.from_pylist(rows, schema=table.schema) if n else table), n
+
+
 def is_trajectory_file(path: Path) -> bool:
     """A Parquet file of trajectory rows (a rollout or verify stage's part)."""
     try:
@@ -95,9 +102,8 @@ def redact_file(src: Path, out: Path) -> int:
     """Write a de-identified copy of a JSONL (optionally .gz) or Parquet file in the same format, every row
     and field kept; returns how many values were replaced."""
     if src.suffix == ".parquet":
-        table = pq.read_table(src)
-        rows, n = redact_value(table.to_pylist())
-        pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), out)
+        table, n = redact_table(pq.read_table(src))
+        pq.write_table(table, out)
         return n
     opener = gzip.open if src.suffix == ".gz" else open
     with opener(src, "rt", encoding="utf-8") as f:

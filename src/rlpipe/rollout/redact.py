@@ -10,9 +10,13 @@
   alignment. Where a row's per-token decoding does not add up to its text (a multi-byte character split
   across tokens), all tokens of that sequence are replaced: over-redacting is the safe side.
 
+The dataset stage (``tasks/data.py``) redacts the prompt table the same way before storing it, so the policy
+reads de-identified prompts too; the user's file itself is not changed (``rlpipe data validate FILE --redact
+OUT`` writes a clean copy).
+
 What it costs: the verifier scores the redacted text (a response whose correct answer *is* a phone number
-would no longer match its reference), and the trainer reads pad tokens where the secret was. The prompt
-*file* is not changed: de-identify it with ``rlpipe data validate FILE --redact OUT``.
+would no longer match its reference), references are redacted like prompts (the tests of a task *about*
+e-mail addresses lose their examples), and the trainer reads pad tokens where the secret was.
 """
 
 from __future__ import annotations
