@@ -294,7 +294,7 @@ near("secret", "password = input()", 'api_key = os.environ["KEY"]', 'password=""
      "api_key = get_api_key(config)", 'token = tokenizer.decode(ids)', 'pad_token = "<|endoftext|>"', "pwd = os.getcwd()",
      "bypass = compute(x)", 'password = "********"', "api_key = None", 'secret = "..."',
      'client.login(username="admin", password="password")', 'password = "password123"', "DB_PASSWORD=admin1234",
-     "password: 12345678")
+     "password: 12345678", "password = Hunter2Secret(x)", "api_key = Fetch9Key[0]")
 
 # --- maths and code that must stay clean (the data this runs on) ---------------------------------
 near("*", "12+34=46", "3.14159265358979", "What is 1234567 + 7654321? The answer is 8888888.", "2023-10-05T12:34:56Z",

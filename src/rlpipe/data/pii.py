@@ -420,7 +420,9 @@ def _assignments(text: str) -> Iterator[Span]:
     for m in _ASSIGN.finditer(text):
         for name in ("dq", "sq", "bq", "bare"):
             if m.group(name) is not None:
-                if _credible(m.group(name), name == "bare"):
+                # an unquoted value cut short by backtracking is the head of a call (`Hunter2Secret(x)`)
+                cut = name == "bare" and text[m.end(name) : m.end(name) + 1] not in ("", *" \t\r\n\"'`,;)}]>")
+                if not cut and _credible(m.group(name), name == "bare"):
                     yield m.start(name), m.end(name)
                 break
 
