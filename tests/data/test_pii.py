@@ -138,6 +138,8 @@ near("ip_address", "127.0.0.1", "256.256.256.256", "1.2.3", "1.2.3.4.5.6", "1.2.
 # detect-secrets does not flag private ranges (10/8, 172.16/12, 192.168/16); rlpipe does, as presidio does: a
 # private address still tells where a trajectory's text came from.
 pos("ip_address", "10.0.0.1", "172.16.0.1")
+# rlpipe's own: a word that ends like "ver" or "no" before an address does not hide it
+pos("ip_address", ("ssh to server 203.0.113.7", "203.0.113.7"), ("piano 198.51.100.23", "198.51.100.23"))
 # rlpipe's own: versions, section numbers, numpy slices and ratios
 near("ip_address", "version 1.2.3.4", "Section 10.2.3.4", "v1.2.3.4", "a[1::2]", "a[::2]", "x[::-1]", "1.2.10",
      "0.0.0.0", "cafe::feed", "impl dead::beef for X")

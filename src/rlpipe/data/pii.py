@@ -278,7 +278,7 @@ def _cards(text: str) -> Iterator[Span]:
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\w]|\.\d)")
 _NOT_IP_WORDS = re.compile(
-    r"(?:version|ver|v|release|build|section|sec|chapter|figure|fig|table|eq|equation|theorem|lemma|step|"
+    r"(?<![\w])(?:version|ver|v|release|build|section|sec|chapter|figure|fig|table|eq|equation|theorem|lemma|step|"
     r"rule|item|oid|isbn|no|§)\.?\s*$", re.I)
 _IPV6 = re.compile(
     r"(?<![\w:.\[])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?:%[\w.]+)?(?![\w:]|\.\d)"
