@@ -45,9 +45,14 @@ def _texts(value: Any, field: str) -> Iterator[tuple[str, str]]:
         for key, v in value.items():
             if key not in IDENTIFIERS:
                 yield from _texts(v, f"{field}.{key}" if field else key)
-    elif isinstance(value, list):
+    elif isinstance(value, list) and not _numbers(value):
         for i, v in enumerate(value):
             yield from _texts(v, f"{field}[{i}]")
+
+
+def _numbers(value: list[Any]) -> bool:
+    """Token ids, log-probs, masks: a list whose first item is a number holds no text (and is long)."""
+    return bool(value) and isinstance(value[0], (int, float))
 
 
 def _row_id(row: dict[str, Any], n: int) -> str:
@@ -77,7 +82,7 @@ def redact_value(value: Any, key: str = "") -> tuple[Any, int]:
     if isinstance(value, dict):
         pairs = {k: redact_value(v, k) for k, v in value.items()}
         return {k: v for k, (v, _) in pairs.items()}, sum(n for _, n in pairs.values())
-    if isinstance(value, list):
+    if isinstance(value, list) and not _numbers(value):
         pairs = [redact_value(v) for v in value]
         return [v for v, _ in pairs], sum(n for _, n in pairs)
     return value, 0
