@@ -222,6 +222,21 @@ near("google_api_key",
      "AIzaTesb6Tscfcni8vIpWZqNCXFDFslJtVSvFDqabcd123", 'apiKey: "AIzaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"',
      "AIZASYCO2CXRMC9ELSKLHLHRMBSWDEVEDZTLO2O")
 
+# --- Hugging Face token ------------------------------------------------------------------------
+# gitleaks/gitleaks: cmd/generate/config/rules/huggingface.go
+pos("huggingface_token", ("huggingface-cli login --token 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",
+                          "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"),
+    ('-H "Authorization: Bearer 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"', "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"),
+    ("DEV=1 HF_TOKEN=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 poetry run python app.py", "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"),
+    ("use_auth_token='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')", "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"),
+    ('CI_HUB_USER_TOKEN = "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"', "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"))
+near("huggingface_token", "- (id)hf_requiredCharacteristicTypesForDisplayMetadata;",
+     'amazon.de#@#div[data-cel-widget="desktop-rhf_SponsoredProductsRemoteRHFSearchEXPSubsK2ClickPagination"]',
+     "                            _kHMSymptomhf_generatedByHomeAppForDebuggingPurposesKey,",
+     "  M_UINT       (ServingCellPriorityParametersDescription_t,  H_PRIO,  2, &hf_servingcellpriorityparametersdescription_h_prio),",
+     'os.environ.get("HF_AUTH_TOKEN",\n"hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),',
+     "HUGGINGFACE_API_TOKEN=hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx,")
+
 # --- JWT ---------------------------------------------------------------------------------------
 # Yelp/detect-secrets: tests/plugins/jwt_test.py
 pos("jwt",

@@ -341,6 +341,7 @@ _OPENAI = re.compile(
     r"(?<![\w-])sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,200}|[A-Za-z0-9]{20})T3BlbkFJ[A-Za-z0-9_-]{20,200}(?![\w-])")
 _ANTHROPIC = re.compile(r"(?<![\w-])sk-ant-(?:api|admin)\d{2}-[A-Za-z0-9_-]{93}AA(?![\w-])")
 _GOOGLE = re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])")
+_HUGGINGFACE = re.compile(r"(?<![\w-])hf_[A-Za-z]{34}(?![\w-])")
 
 
 def _slack(text: str) -> Iterator[Span]:
@@ -439,6 +440,7 @@ _DETECTORS: list[tuple[str, Callable[[str], Iterator[Span]]]] = [
     ("openai_key", _tokens(_OPENAI, 3.5)),
     ("anthropic_key", _tokens(_ANTHROPIC, 3.5)),
     ("google_api_key", _tokens(_GOOGLE, 3.5)),
+    ("huggingface_token", _tokens(_HUGGINGFACE, 3.0)),
     ("secret", _assignments),
     ("email", _emails),
     ("iban", _ibans),
