@@ -73,8 +73,8 @@ def data_validate(
     redact: Annotated[Optional[Path], typer.Option("--redact", metavar="OUT", help="Also write a de-identified copy of FILE (same format) with each personal datum or secret replaced by a typed placeholder such as [EMAIL].")] = None,
 ) -> None:
     """Check a prompt file (JSONL/Parquet): shape, splits, each reference by its verifier, answers given
-    away in the prompt, personal data and secrets (also in preference and trajectory Parquet files). Every
-    finding names its row and the fix. Exit 1 if any."""
+    away in the prompt, personal data and secrets (looked for in preference files and trajectory Parquet files
+    too). Every finding names its row and the fix. Exit 1 if any."""
     import importlib
 
     from rlpipe.data import PromptFileError, dataset_version, load_prompts, validate_prompts
