@@ -41,8 +41,7 @@ near("email", "noreply@github.com")
 # rlpipe's own: addresses of nobody — RFC 2606 documentation domains and git remotes — that fill code data
 near("email", "git@github.com:owner/repo.git", "user@example.com", "alice@mail.example.org", "postmaster@uni-bonn.de")
 # rlpipe's own: code with the matmul operator, decorators, and a domain without a top-level domain
-near("email", "y = W@x.transpose(0, 1)", "z = q@k.T", "@property\ndef name(self):", "SSH to user@2001:db8::1 now"[:12],
-     "x = a@b.c", "local@localhost")
+near("email", "y = W@x.transpose(0, 1)", "z = q@k.T", "@property\ndef name(self):", "x = a@b.c", "local@localhost")
 
 # --- phone -------------------------------------------------------------------------------------
 # microsoft/presidio: presidio-analyzer/tests/test_phone_recognizer.py
@@ -61,7 +60,7 @@ pos("phone", ("call 020 7123 4567", "020 7123 4567"), ("ring 01632 960001", "016
 # presidio's CN case "13812345678" is a bare digit run: rlpipe never reads one as a phone number (see near-misses)
 near("phone", "My CN number is 13812345678", "12+34=46", "3.14159", "2023-10-05", "05/10/2023", "1,234,567",
      "ISBN 978-0-306-40615-7", "ISBN 0-306-40615-2", "x = 415-555-0132", "415-555-0132 = -272", "5 +44 20 7123 4567",
-     "Sort: 512 384 1024", "call 5551234", "Compute 1234567890 / 7", "n+1 415 555 0132"[:7], "x^2 +12 345 6789")
+     "Sort: 512 384 1024", "call 5551234", "Compute 1234567890 / 7", "n+1 415 555 0132", "x^2 +12 345 6789")
 
 # --- US SSN ------------------------------------------------------------------------------------
 # microsoft/presidio: presidio-analyzer/tests/test_us_ssn_recognizer.py
