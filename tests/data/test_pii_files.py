@@ -89,3 +89,25 @@ def test_redact_refuses_to_overwrite_or_change_format(tmp_path):
     assert res.exit_code == 2 and "that is the file being validated" in res.output
     res = CliRunner().invoke(app, ["data", "validate", str(src), "--redact", str(tmp_path / "x.parquet")])
     assert res.exit_code == 2 and "name it *.jsonl" in res.output and not (tmp_path / "x.parquet").exists()
+
+
+def test_preference_file_findings_and_redaction(tmp_path):
+    rows = [{"id": "hh", "chosen": "\n\nHuman: who?\n\nAssistant: call +44 20 7123 4567",
+             "rejected": "\n\nHuman: who?\n\nAssistant: no idea"},
+            {"id": "plain", "prompt": "12+34=", "chosen": "46", "rejected": "47"}]
+    src, out = _jsonl(tmp_path / "prefs.jsonl", rows), tmp_path / "clean.jsonl"
+    res = CliRunner().invoke(app, ["data", "validate", str(src), "--redact", str(out)])
+    assert res.exit_code == 1 and "row hh: chosen: phone +4" in res.output and "7123 4567" not in res.output
+    copy = [json.loads(line) for line in out.read_text().splitlines()]
+    assert copy[0]["chosen"].endswith("Assistant: call [PHONE]") and copy[1] == rows[1]
+
+
+def test_redact_file_keeps_gzip(tmp_path):
+    import gzip
+
+    src, out = tmp_path / "p.jsonl.gz", tmp_path / "c.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert redact_file(src, out) == 2
+    with gzip.open(out, "rt") as f:
+        assert json.loads(f.readline())["prompt"] == "Write to [EMAIL] and compute 12+34."
