@@ -12,6 +12,8 @@ prompt, 4 optimizer steps per iteration (``train.batch_size`` = completions / 4,
 held-out accuracy (20 questions) and the one save point (resumable state, MLflow version) at the end; with
 ``--save-interval N`` a save point every N iterations (since issue 43 the state is written only at save points;
 before, every iteration). The "sync" column includes the new weights' hash, taken once at the update's end.
+With ``--save-interval`` the JSON also gives ``save_point_cost_s``: what one save point adds, read within the run
+(each save point's iteration and the next, beside which its state is written and uploaded, against the others).
 
 Axes (a point shared by two axes runs once):
   batch   the ~3.4M-parameter default model, ≤8 new tokens: 64, 256, 1024 completions per iteration
@@ -163,6 +165,21 @@ def measure(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def save_point_cost(history: list[dict[str, Any]], save_interval: int | None) -> float | None:
+    """Seconds a save point adds, read within one run: each steady save point's iteration and the one after it
+    (its state is written and uploaded beside that one) against twice the mean of the other steady iterations
+    (evaluation left out). None without a save point inside the steady window."""
+    if not save_interval:
+        return None
+    totals = {h["iteration"]: h["time/iteration_total_s"] - h.get("time/eval_s", 0.0) for h in history[1:-1]}
+    points = [k for k in totals if (k + 1) % save_interval == 0 and k + 1 in totals]
+    rest = [v for k, v in totals.items() if k not in {j for p in points for j in (p, p + 1)}]
+    if not points or not rest:
+        return None
+    base = statistics.fmean(rest)
+    return round(statistics.fmean(totals[p] + totals[p + 1] - 2 * base for p in points), 3)
+
+
 def table(title: str, results: list[dict[str, Any]]) -> str:
     """One axis as a markdown table: seconds per iteration, each stage's seconds (share), the dominant stage."""
     head = (["params", "completions", "max new tokens", "mean response tokens", "s / iteration"] + list(STAGES)
@@ -194,7 +211,8 @@ def measure_point(p: Point, home: Path, iterations: int, engine: str, env: dict[
     run_id = f"scaling-{p.model}-c{p.completions}-t{p.max_new_tokens}-{int(time.time())}"
     wall = run(overrides(p, folder, iterations, engine, save_interval), env, run_id, home / "logs" / f"{run_id}.log")
     history = read_history(settings(env).run_dir(run_id))
-    return asdict(p) | {"params": params, "run_id": run_id, "run_wall_s": round(wall, 1)} | measure(history)
+    return (asdict(p) | {"params": params, "run_id": run_id, "run_wall_s": round(wall, 1)} | measure(history)
+            | {"save_interval": save_interval, "save_point_cost_s": save_point_cost(history, save_interval)})
 
 
 def run_all(points: list[Point], home: Path, iterations: int, engine: str,
@@ -206,8 +224,9 @@ def run_all(points: list[Point], home: Path, iterations: int, engine: str,
         print(f"[scaling] point {k}/{n}: {p.model} model, {p.completions} completions, ≤{p.max_new_tokens} new tokens, "
               f"{iterations} iterations ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
         done[p] = r = measure_point(p, home, iterations, engine, env, save_interval)
+        cost = f", a save point adds {r['save_point_cost_s']:.2f} s" if r["save_point_cost_s"] is not None else ""
         print(f"[scaling] point {k}/{n} done: {r['params']:,} params, {r['seconds_per_iteration']:.3f} s/iteration, "
-              f"dominant {r['dominant']}, run {r['run_wall_s']:.0f} s ({time.perf_counter() - start:.0f} s elapsed)",
+              f"dominant {r['dominant']}{cost}, run {r['run_wall_s']:.0f} s ({time.perf_counter() - start:.0f} s elapsed)",
               flush=True)
     return done
 
