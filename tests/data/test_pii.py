@@ -133,7 +133,8 @@ near("ip_address", "192.168.1.1.1", "my ip: ::1", "Use local ipv6 ::")
 # Yelp/detect-secrets: tests/plugins/ip_public_test.py
 pos("ip_address", "133.133.133.133", ("This line has an IP address 133.133.133.133@something else", "133.133.133.133"),
     ("133.133.133.133:8080", "133.133.133.133"), "1.1.1.1")
-near("ip_address", "127.0.0.1", "256.256.256.256", "1.2.3", "1.2.3.4.5.6", "1.2.3.4.5.6.7.8", "1.2.3.04", "github.com")
+near("ip_address", "127.0.0.1", "169.254.169.254", "256.256.256.256", "1.2.3", "1.2.3.4.5.6", "1.2.3.4.5.6.7.8",
+     "1.2.3.04", "github.com")
 # detect-secrets does not flag private ranges (10/8, 172.16/12, 192.168/16); rlpipe does, as presidio does: a
 # private address still tells where a trajectory's text came from.
 pos("ip_address", "10.0.0.1", "172.16.0.1")
@@ -141,7 +142,7 @@ pos("ip_address", "10.0.0.1", "172.16.0.1")
 pos("ip_address", ("ssh to server 203.0.113.7", "203.0.113.7"), ("piano 198.51.100.23", "198.51.100.23"))
 # rlpipe's own: versions, section numbers, numpy slices and ratios
 near("ip_address", "version 1.2.3.4", "Section 10.2.3.4", "v1.2.3.4", "a[1::2]", "a[::2]", "x[::-1]", "1.2.10",
-     "0.0.0.0", "cafe::feed", "impl dead::beef for X")
+     "0.0.0.0", "cafe::feed", "impl dead::beef for X", "netmask 255.255.255.0", "mDNS 224.0.0.251", "ff02::1")
 
 # --- AWS ---------------------------------------------------------------------------------------
 # Yelp/detect-secrets: tests/plugins/aws_key_test.py

@@ -12,7 +12,8 @@ expression *and* a check that the text really is what the kind says:
   runs without separators are never a phone number or an SSN;
 - addresses: every IPv4 octet 0-255 without leading zeros, not part of a longer dotted run (``1.2.3.4.5``),
   not after ``version``/``section``; IPv6 validated by :mod:`ipaddress`, not a slice (``a[1::2]``);
-  loopback and unspecified addresses (``127.0.0.1``, ``::1``, ``0.0.0.0``) identify nobody and are skipped;
+  loopback, unspecified, multicast, reserved and IPv4 link-local addresses (``127.0.0.1``, ``::1``, ``0.0.0.0``,
+  ``255.255.255.0``, ``169.254.169.254``) name no host and are skipped;
   e-mail domains end in a two-letter or a common generic top-level domain (``a@b.transpose(`` is code);
 - credentials: the provider's exact format (length, alphabet, the ``T3BlbkFJ`` marker of OpenAI keys, the
   ``AA`` end of Anthropic keys), a minimum Shannon entropy (``AKIAXXXXXXXXXXXXXXXX`` is a placeholder),
@@ -287,7 +288,11 @@ _IPV6 = re.compile(
 
 
 def _boring(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    return addr.is_loopback or addr.is_unspecified
+    """Addresses that name no host out there: loopback, 0.0.0.0 / ::, multicast; for IPv4 also the reserved block
+    (netmasks such as 255.255.255.0, broadcast) and link-local (169.254.169.254, the cloud metadata endpoint in
+    every SDK). IPv6's "reserved" blocks hold real addresses (IPv4-mapped ones among them) and stay in."""
+    v4_only = addr.version == 4 and (addr.is_reserved or addr.is_link_local)
+    return addr.is_loopback or addr.is_unspecified or addr.is_multicast or v4_only
 
 
 def _ipv4s(text: str) -> Iterator[Span]:
