@@ -128,9 +128,10 @@ def _emails(text: str) -> Iterator[Span]:
 
 # -- phone numbers -----------------------------------------------------------------------------
 
-# Groups need a separator (or a bare E.164 run): optional separators would let a long digit run split every way.
+# Groups need a separator, or a bare E.164 run of 10-14 digits (shorter signed numbers, `+15000000`, are amounts);
+# optional separators would let a long digit run split every way.
 _PHONE_INTL = re.compile(
-    r"\+(?:[1-9]\d{7,14}|[1-9]\d{0,2}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]\d{1,12}){1,6})(?![\w]|[.,-]\d| \d)")
+    r"\+(?:[1-9]\d{9,13}|[1-9]\d{0,2}(?:[ .-]?\(\d{1,4}\))?(?:[ .-]\d{1,12}){1,6})(?![\w]|[.,-]\d| \d)")
 _PHONE_US = re.compile(
     r"(?<![\w.+/-])(?:1[ .-])?(?:\([2-9]\d{2}\)[ .-]?|[2-9]\d{2}(?P<sep>[.-]))[2-9]\d{2}"
     r"(?(sep)(?P=sep)|[ .-])\d{4}(?![\w]|[.,/-]\d| \d)"
