@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,37 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool
 def copy_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str], *, fsync: bool = True) -> Path:
     """The file ``src`` copied to ``path`` as :func:`write_atomic` writes, copied by the kernel (``sendfile``): no
     copy of it in this process's memory, which for a save point's gigabyte of optimizer state is most of the cost."""
+    path, tmp = _temporary(path)
+    _into_place(lambda: shutil.copyfile(src, tmp), tmp, path, fsync)
+    return path
+
+
+def link_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+    """``src`` named ``path`` too (a hard link), its data flushed to disk, as :func:`copy_atomic` leaves a copy: no
+    byte copied or written twice. False where the file system cannot link it there (another device, no hard
+    links): the caller copies instead. Only for files that nothing writes in place afterwards (both names are
+    one file); a save point's files are such (``Spare.take`` never writes over a file with another name)."""
+    path, tmp = _temporary(path)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    _into_place(lambda: None, tmp, path, fsync=True)
+    return True
+
+
+def _temporary(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """``path`` (its folder made) and a temporary name beside it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    return path, path.with_name(f"{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+
+
+def _into_place(make: Callable[[], object], tmp: Path, path: Path, fsync: bool) -> None:
+    """``make()`` the file ``tmp``, flush it to disk (``fsync``), and rename it to ``path``; on any failure the
+    temporary name is removed and ``path`` is left as it was."""
     try:
-        shutil.copyfile(src, tmp)
+        make()
         if fsync:
             fd = os.open(tmp, os.O_RDONLY)
             try:
@@ -54,32 +81,6 @@ def copy_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str], *, fs
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
-
-
-def link_atomic(src: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
-    """``src`` named ``path`` too (a hard link), its data flushed to disk, as :func:`copy_atomic` leaves a copy: no
-    byte copied or written twice. False where the file system cannot link it there (another device, no hard
-    links): the caller copies instead. Only for files that nothing writes in place afterwards (both names are
-    one file); a save point's files are such (``Spare.take`` never writes over a file with another name)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.link(src, tmp)
-    except OSError:
-        return False
-    try:
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return True
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> Path:
