@@ -12,8 +12,9 @@ expression *and* a check that the text really is what the kind says:
   runs without separators are never a phone number or an SSN;
 - addresses: every IPv4 octet 0-255 without leading zeros, not part of a longer dotted run (``1.2.3.4.5``),
   not after ``version``/``section``; IPv6 validated by :mod:`ipaddress`, not a slice (``a[1::2]``);
-  loopback, unspecified, multicast, reserved and IPv4 link-local addresses (``127.0.0.1``, ``::1``, ``0.0.0.0``,
-  ``255.255.255.0``, ``169.254.169.254``) name no host and are skipped;
+  loopback, unspecified, multicast, reserved, IPv4 link-local and documentation addresses (``127.0.0.1``,
+  ``::1``, ``0.0.0.0``, ``255.255.255.0``, ``169.254.169.254``, ``192.0.2.1``, ``2001:db8::1``) name no host and
+  are skipped;
   e-mail domains end in a two-letter or a common generic top-level domain (``a@b.transpose(`` is code);
 - credentials: the provider's exact format (length, alphabet, the ``T3BlbkFJ`` marker of OpenAI keys, the
   ``AA`` end of Anthropic keys), a minimum Shannon entropy (``AKIAXXXXXXXXXXXXXXXX`` is a placeholder),
@@ -281,19 +282,27 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\w]|\.\d)")
 _NOT_IP_WORDS = re.compile(
     r"(?<![\w])(?:version|ver|v|release|build|section|sec|chapter|figure|fig|table|eq|equation|theorem|lemma|step|"
-    r"rule|item|oid|isbn|no|§)\.?\s*$", re.I)
+    r"rule|item|oid|isbn|no|§)s?\.?\s*[\"'(\[]?$", re.I)
 _IPV6 = re.compile(
     r"(?<![\w:.\[])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?:%[\w.]+)?(?![\w:]|\.\d)"
     r"|(?<=\[)(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?=\])"
 )
 
 
+# Documentation ranges (RFC 5737, RFC 3849) and "this network" 0/8: the example.com of addresses.
+_NOBODY_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "0.0.0.0/8",
+                                                   "2001:db8::/32")]
+
+
 def _boring(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Addresses that name no host out there: loopback, 0.0.0.0 / ::, multicast; for IPv4 also the reserved block
-    (netmasks such as 255.255.255.0, broadcast) and link-local (169.254.169.254, the cloud metadata endpoint in
-    every SDK). IPv6's "reserved" blocks hold real addresses (IPv4-mapped ones among them) and stay in."""
+    """Addresses that name no host out there: loopback, 0.0.0.0 / ::, multicast, documentation ranges; for IPv4
+    also the reserved block (netmasks such as 255.255.255.0, broadcast) and link-local (169.254.169.254, the cloud
+    metadata endpoint in every SDK). IPv6's "reserved" blocks hold real addresses (IPv4-mapped ones) and stay in."""
     v4_only = addr.version == 4 and (addr.is_reserved or addr.is_link_local)
-    return addr.is_loopback or addr.is_unspecified or addr.is_multicast or v4_only
+    if addr.is_loopback or addr.is_unspecified or addr.is_multicast or v4_only:
+        return True
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return any(a in n for a in (addr, mapped) if a is not None for n in _NOBODY_NETS if a.version == n.version)
 
 
 def _ipv4s(text: str) -> Iterator[Span]:
