@@ -148,7 +148,9 @@ near("ip_address", "2001:db8::1", "Connect to [2001:db8::1]:8080", "::ffff:192.0
 # rlpipe's own: versions, section numbers, numpy slices and ratios
 near("ip_address", "version 1.2.3.4", "Section 10.2.3.4", "v1.2.3.4", "a[1::2]", "a[::2]", "x[::-1]", "1.2.10",
      "0.0.0.0", "cafe::feed", "impl dead::beef for X", "netmask 255.255.255.0", "mDNS 224.0.0.251", "ff02::1",
-     'According to the HTML5 specs sections "8.2.4.44 Bogus comment state"')
+     'According to the HTML5 specs sections "8.2.4.44 Bogus comment state"', "IPv4Network('100.64.0.0/10')",
+     "allow from 10.0.0.0/8;", "IPv6Network('2001:10::/28')")
+pos("ip_address", ("inet 192.168.1.17/24 brd 192.168.1.255", "192.168.1.17"))  # an interface's address, with its mask
 
 # --- AWS ---------------------------------------------------------------------------------------
 # Yelp/detect-secrets: tests/plugins/aws_key_test.py

@@ -305,9 +305,24 @@ def _boring(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return any(a in n for a in (addr, mapped) if a is not None for n in _NOBODY_NETS if a.version == n.version)
 
 
+_PREFIX_LEN = re.compile(r"/(\d{1,3})(?!\d)")
+
+
+def _network(text: str, end: int, address: str) -> bool:
+    """``10.0.0.0/8``, ``2001:10::/28``: a network in CIDR notation (host bits zero) names no host."""
+    m = _PREFIX_LEN.match(text, end)
+    if not m:
+        return False
+    try:
+        ipaddress.ip_network(f"{address}/{m.group(1)}", strict=True)
+    except ValueError:
+        return False
+    return True
+
+
 def _ipv4s(text: str) -> Iterator[Span]:
     for m in _IPV4.finditer(text):
-        if _NOT_IP_WORDS.search(text[max(0, m.start() - 12) : m.start()]):
+        if _NOT_IP_WORDS.search(text[max(0, m.start() - 12) : m.start()]) or _network(text, m.end(), m.group()):
             continue
         if not _boring(ipaddress.IPv4Address(m.group())):
             yield m.start(), m.end()
@@ -327,7 +342,7 @@ def _ipv6s(text: str) -> Iterator[Span]:
             addr = ipaddress.IPv6Address(s.split("%")[0])
         except ValueError:
             continue
-        if not _boring(addr):
+        if not _boring(addr) and not _network(text, m.end(), s):
             yield m.start(), m.end()
 
 
