@@ -111,3 +111,14 @@ def test_redact_file_keeps_gzip(tmp_path):
     assert redact_file(src, out) == 2
     with gzip.open(out, "rt") as f:
         assert json.loads(f.readline())["prompt"] == "Write to [EMAIL] and compute 12+34."
+
+
+def test_validate_refuses_a_gzipped_file_by_name_not_with_a_traceback(tmp_path):
+    import gzip
+
+    src = tmp_path / "p.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in ROWS))
+    res = CliRunner().invoke(app, ["data", "validate", str(src)])
+    assert res.exit_code == 2, res.output
+    assert "unknown prompt file type '.gz'" in res.output and "Traceback" not in res.output

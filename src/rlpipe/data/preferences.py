@@ -64,6 +64,8 @@ def is_preference_file(path: str | Path) -> bool:
         except Exception:  # noqa: BLE001 - not readable: the prompt loader says why
             return False
         return "chosen" in names and "rejected" in names
+    if path.suffix not in (".jsonl", ".json", ".ndjson"):  # not a file of preference pairs: the prompt loader says why
+        return False
     for line in path.read_text().splitlines():
         if line.strip():
             try:
