@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from rlpipe.config import RunConfig, settings
 from rlpipe.eval_suite import Benchmark
 from rlpipe.evaluation import greedy_eval
+from rlpipe.rollout.redact import redact_samples
 from rlpipe.storage.store import open_store
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
@@ -89,8 +90,9 @@ def evaluate_models(config: RunConfig, dataset: dict[str, Any], split: str, mode
         for k, (m, folder) in enumerate(zip(models, folders)):
             if k:
                 engine.load_weights(folder)
-            res = greedy_eval(engine, load_tokenizer(folder), pool, chosen, ground_truths(rows),
-                              max_new_tokens=config.rollout.max_new_tokens, reward_model=rm, agent=config.agent)
+            res = redact_samples(greedy_eval(engine, load_tokenizer(folder), pool, chosen, ground_truths(rows),
+                                             max_new_tokens=config.rollout.max_new_tokens, reward_model=rm,
+                                             agent=config.agent), config.data.redact)
             run_logger().info("%s on %s: accuracy %.3f (n=%d) in %.1f s [%d/%d]", m.label, split, res["accuracy"], res["n"],
                               res["eval_s"], k + 1, len(models))
             out.append(res)

@@ -30,7 +30,7 @@ from rlpipe.rollout.batch import (
     with_column,
 )
 from rlpipe.rollout.probe import load_policy
-from rlpipe.rollout.redact import write_trajectories
+from rlpipe.rollout.redact import redact_samples, write_trajectories
 from rlpipe.rollout.scoring import score_batch
 from rlpipe.runtime import RunContext, RunServices, register_services, run_context, services
 from rlpipe.runtime.assembly import ServicesStarted, build_services
@@ -263,9 +263,9 @@ def evaluate(config: RunConfig, run_id: str, split: str = "test") -> dict[str, A
     svc = services(run_id)
     rows = svc.test_rows if split == "test" else svc.validation_rows
     env_url = run_context(run_id, config).settings.env_url if config.agent is not None else None
-    return greedy_eval(svc.engine, svc.tokenizer, svc.pool, rows, svc.ground_truth,
-                       max_new_tokens=config.rollout.max_new_tokens, reward_model=svc.reward_model,
-                       agent=config.agent, env_url=env_url)
+    return redact_samples(greedy_eval(svc.engine, svc.tokenizer, svc.pool, rows, svc.ground_truth,
+                                      max_new_tokens=config.rollout.max_new_tokens, reward_model=svc.reward_model,
+                                      agent=config.agent, env_url=env_url), config.data.redact)
 
 
 def upload_behind(config: RunConfig, run_id: str, point: SavePointBehind) -> None:

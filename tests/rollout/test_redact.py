@@ -91,3 +91,27 @@ def test_config_key_defaults_off_and_old_runs_resume_unchanged():
     old = {k: v for k, v in cfg.flat().items() if k != "data.redact"}  # a run recorded before the key existed
     assert config_changes(old, cfg.flat()) == []
     assert resume_fingerprint(cfg) != resume_fingerprint(RunConfig.model_validate({"data": {"redact": True}}))
+
+
+def test_evaluation_samples_logged_to_mlflow_are_redacted_where_asked():
+    from rlpipe.rollout.redact import redact_samples
+
+    result = {"accuracy": 0.5, "n": 2, "samples": [
+        {"prompt": f"mail {EMAIL}: 12+34=?", "response": "46", "ground_truth": "46", "correct": True},
+        {"prompt": "7*6=?", "response": f"ask {EMAIL}", "ground_truth": "42", "correct": False}]}
+    out = redact_samples(result, True)
+    assert [s["prompt"] for s in out["samples"]] == ["mail [EMAIL]: 12+34=?", "7*6=?"]
+    assert out["samples"][1]["response"] == "ask [EMAIL]" and out["samples"][0]["correct"] is True
+    assert out["accuracy"] == 0.5 and result["samples"][0]["prompt"].startswith("mail jane")  # the input is untouched
+    assert redact_samples(result, False) is result
+
+
+def test_both_evaluations_go_through_it():
+    import inspect
+
+    import tasks.evaluate as ev
+    import tasks.rl as rl
+
+    assert "redact_samples(greedy_eval(" in inspect.getsource(rl.evaluate)
+    assert "config.data.redact" in inspect.getsource(rl.evaluate)
+    assert "redact_samples(greedy_eval(" in inspect.getsource(ev) and "config.data.redact)" in inspect.getsource(ev)

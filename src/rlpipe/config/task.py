@@ -44,7 +44,8 @@ class DataConfig(Strict):
         False,
         description="De-identify what reaches the store: e-mail addresses, phone numbers, national IDs, IP addresses "
         "and credentials in the prompt set and in each trajectory become typed placeholders ([EMAIL]), the tokens "
-        "that spell them the pad token, kept out of the loss. The verifier then scores the redacted text. See "
+        "that spell them the pad token, kept out of the loss; the evaluation samples logged to MLflow are redacted "
+        "too. The verifier then scores the redacted text. See "
         "docs/data.md, \"Personal data and secrets\".",
     )
 

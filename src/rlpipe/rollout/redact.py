@@ -29,7 +29,7 @@ from rlpipe.data.pii import find_pii
 from rlpipe.data.pii_files import redact_value
 from rlpipe.storage.schemas import TRAJECTORY_SCHEMA
 
-__all__ = ["redact_trajectories", "write_trajectories"]
+__all__ = ["redact_samples", "redact_trajectories", "write_trajectories"]
 
 TEXT_COLUMNS = ("response_text", "reward_reason", "steps")
 
@@ -41,6 +41,14 @@ def write_trajectories(store: Any, prefix: str, table: pa.Table, meta: dict[str,
         table, replaced = redact_trajectories(table, tokenizer)
         meta = meta | {"data/redacted_values": float(replaced)}
     return store.write_stage(prefix, [table], meta=meta, schema=TRAJECTORY_SCHEMA)
+
+
+def redact_samples(result: dict[str, Any], redact: bool) -> dict[str, Any]:
+    """An evaluation's result with its ``samples`` (the prompts, responses and references logged to MLflow as
+    ``generations.json``) de-identified where ``redact`` (``data.redact``) is on; as it is otherwise."""
+    if not redact or not result.get("samples"):
+        return result
+    return result | {"samples": redact_value(result["samples"])[0]}
 
 
 def redact_trajectories(table: pa.Table, tokenizer: Any = None) -> tuple[pa.Table, int]:
