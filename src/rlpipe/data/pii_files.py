@@ -10,6 +10,7 @@ rules and what they do not catch are in :mod:`rlpipe.data.pii`.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 
 from rlpipe.data.pii import find_pii, redact
 from rlpipe.data.prompts import Finding
+from rlpipe.storage.atomic import write_atomic
 
 __all__ = ["IDENTIFIERS", "PersonalDataFinding", "pii_findings", "redact_file", "redact_table", "redact_value",
            "is_trajectory_file"]
@@ -108,7 +110,9 @@ def redact_file(src: Path, out: Path) -> int:
     and field kept; returns how many values were replaced."""
     if src.suffix == ".parquet":
         table, n = redact_table(pq.read_table(src))
-        pq.write_table(table, out)
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        write_atomic(out, buf.getvalue())  # a kill leaves the old file or the whole copy, never a part
         return n
     opener = gzip.open if src.suffix == ".gz" else open
     with opener(src, "rt", encoding="utf-8") as f:
@@ -120,6 +124,6 @@ def redact_file(src: Path, out: Path) -> int:
         obj, n = redact_value(json.loads(line))
         kept.append(json.dumps(obj, ensure_ascii=False))
         total += n
-    with (gzip.open if out.suffix == ".gz" else open)(out, "wt", encoding="utf-8") as f:
-        f.write("\n".join(kept) + "\n")
+    text = ("\n".join(kept) + "\n").encode("utf-8")
+    write_atomic(out, gzip.compress(text) if out.suffix == ".gz" else text)
     return total
