@@ -18,4 +18,7 @@ from tasks._log import run_logger
 def preflight_task(config: RunConfig) -> list[dict[str, Any]]:
     checks = preflight(config, settings())
     run_logger().info("preflight: %s", ", ".join(f"{c.component} {c.status}" for c in checks))
+    for c in checks:
+        if c.status == "skip" and c.component == "alert-inputs":  # alert rules this run cannot evaluate
+            run_logger().warning("preflight: %s: %s", c.component, c.detail)
     return [c.as_dict() for c in checks]

@@ -12,6 +12,7 @@ from rlpipe.alerts import RULES, evaluate, guard_alert
 from rlpipe.config import RunConfig
 
 BASE = {"reward_mean": 0.4, "reward_std": 0.3, "status_ok": 1.0}
+GPU_PEAK = "resource/gpu_mem_peak_bytes/"
 
 
 def cfg(**alerts) -> RunConfig:
@@ -43,6 +44,18 @@ CASES = {
                                 {"heldout_rm_score": 0.3, "heldout_true_score": 0.5}),
                        {"heldout_rm_score": 0.5, "heldout_true_score": 0.4},
                        {"heldout_rm_score": 0.5, "heldout_true_score": 0.6}),
+    "kl_rise": ({"kl_rise": {"window": 3, "max_rate": 0.0625}}, hist({"kl": 0.0625}, {"kl": 0.125}),
+                {"kl": 0.19}, {"kl": 0.1875}),  # slope (0.1875 - 0.0625) / 2 = 0.0625 exactly
+    "gpu_memory_growth": ({"gpu_memory_growth": {"iterations": 2, "mb": 100}},
+                          hist({GPU_PEAK + "update": 1000 * 2**20, GPU_PEAK + "generate": 400 * 2**20},
+                               {GPU_PEAK + "update": 1050 * 2**20}),
+                          {GPU_PEAK + "update": 1101 * 2**20}, {GPU_PEAK + "update": 1100 * 2**20}),
+    "gpu_util_low": ({"gpu_util_low": {"for_iterations": 2, "min_util": 0.25}},
+                     hist({"resource/gpu0_util": 0.1, "resource/gpu1_util": 0.2}),
+                     {"resource/gpu0_util": 0.24, "resource/gpu1_util": 0.05},
+                     {"resource/gpu0_util": 0.25, "resource/gpu1_util": 0.05}),  # one GPU at the threshold: not idle
+    "loss_divergence": ({}, hist(*({"loss": x} for x in (0.125, -0.25, 0.125, 0.25, -0.125, 3.0))),
+                        {"loss": -1.26}, {"loss": -1.25}),  # median |loss| 0.125 × factor 10
 }
 
 
@@ -83,6 +96,62 @@ def test_hand_computed_values_and_messages():
     # A service's own error rate counts too, and the message names the service.
     fired, _ = evaluate(cfg(), BASE | {"service/verifier/error_rate": 0.5}, [])
     assert fired[0].rule == "verifier_errors" and "service verifier" in fired[0].message
+
+
+def test_kl_rise_is_the_slope_over_its_window():
+    c = cfg(kl_rise={"window": 4, "max_rate": 0.01})
+    rising = hist(*({"kl": x} for x in (0.01, 0.02, 0.05)))
+    (a,) = [a for a in evaluate(c, BASE | {"kl": 0.06}, rising)[0] if a.rule == "kl_rise"]
+    assert a.value == pytest.approx(0.018) and "0.01 → 0.06" in a.message  # least squares over 0.01 0.02 0.05 0.06
+    # Noisy but level, with one high point: a jump is kl_high's, not a rise; too short a history: quiet.
+    noisy = hist(*({"kl": x} for x in (0.05, 0.02, 0.06)))
+    assert evaluate(c, BASE | {"kl": 0.03}, noisy)[1]["alerts/kl_rise"] == 0.0
+    assert evaluate(c, BASE | {"kl": 0.5}, rising[-2:])[1]["alerts/kl_rise"] == 0.0
+
+
+def test_loss_divergence_needs_a_streak_and_reads_the_gradient_norm_too():
+    steady = hist(*({"loss": x, "grad_norm": 1.0} for x in (0.1, -0.2, 0.1, 0.2, -0.1, 0.1)))
+    # One spike is not a divergence (for_iterations 2): the iteration before was at the median.
+    assert evaluate(cfg(), BASE | {"loss": 5.0, "grad_norm": 1.0}, steady)[1]["alerts/loss_divergence"] == 0.0
+    spiking = steady + hist({"loss": 0.1, "grad_norm": 40.0})
+    (a,) = evaluate(cfg(), BASE | {"loss": 0.1, "grad_norm": 30.0}, spiking)[0]
+    assert a.rule == "loss_divergence" and a.value == pytest.approx(30.0) and "|grad_norm|" in a.message
+    # A non-finite loss is nonfinite_loss's alert; too little history: not evaluated.
+    fired, flags = evaluate(cfg(), BASE | {"loss": math.nan, "nonfinite_steps": 1.0}, steady)
+    assert [a.rule for a in fired] == ["nonfinite_loss"] and "alerts/loss_divergence" not in flags
+    assert "alerts/loss_divergence" not in evaluate(cfg(), BASE | {"loss": 9.0}, steady[:3])[1]
+
+
+def test_gpu_rules_need_a_streak_or_a_steady_rise():
+    c = cfg(gpu_util_low={"for_iterations": 3})
+    idle = {"resource/gpu0_util": 0.1}
+    assert evaluate(c, BASE | idle, hist(idle, idle))[0][0].rule == "gpu_util_low"
+    assert evaluate(c, BASE | idle, hist(idle, {"resource/gpu0_util": 0.9}))[1]["alerts/gpu_util_low"] == 0.0
+    assert cfg().alerts.gpu_util_low.severity == "info"  # slow, not broken
+    # A plateau after warm-up is not a leak: the peak must rise at each iteration.
+    plateau = hist(*({GPU_PEAK + "update": x * 2**30} for x in (10, 20, 20, 20, 20)))
+    assert evaluate(cfg(), BASE | {GPU_PEAK + "update": 30 * 2**30}, plateau)[1]["alerts/gpu_memory_growth"] == 0.0
+    leak = hist(*({GPU_PEAK + "update": x * 2**30} for x in (10, 11, 12, 13, 14)))
+    (a,) = evaluate(cfg(), BASE | {GPU_PEAK + "update": 15 * 2**30}, leak)[0]
+    assert "peak allocated GPU memory grew" in a.message and a.value == 15 * 2**30
+
+
+def test_gpu_rules_say_when_this_machine_cannot_feed_them():
+    """On a machine without CUDA the GPU rules are not evaluated: the doctor's (and each run's preflight)
+    alert-inputs line names them, instead of their passing as quiet."""
+    import torch
+
+    from rlpipe.config import settings
+    from rlpipe.doctor import run_checks
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU rules get their inputs")
+    (check,) = [c for c in run_checks(cfg(), settings(), engine=False, timeout_s=30) if c.component == "alert-inputs"]
+    assert check.status == "skip" and "alerts.gpu_memory_growth (no CUDA GPU" in check.detail
+    assert "alerts.gpu_util_low (no CUDA GPU: no resource/gpu<i>_util metrics)" in check.detail
+    off = cfg(gpu_memory_growth={"enabled": False}, gpu_util_low={"enabled": False})
+    (check,) = [c for c in run_checks(off, settings(), engine=False, timeout_s=30) if c.component == "alert-inputs"]
+    assert check.detail == "no GPU alert rule enabled"
 
 
 def test_flat_rewards_need_a_streak_of_the_same_value():

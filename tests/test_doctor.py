@@ -32,7 +32,7 @@ def test_doctor_passes_on_the_local_defaults(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     checks = {c["component"]: c for c in json.loads(p.stdout[p.stdout.index("[\n"):])}
     assert list(checks) == ["object-store", "mlflow-tracking", "mlflow-registry", "prefect-api", "rollout-engine",
-                            "verifier", "sandbox", "deepspeed", "gpu"]
+                            "verifier", "sandbox", "deepspeed", "gpu", "alert-inputs"]
     for name in ("object-store", "mlflow-tracking", "mlflow-registry", "rollout-engine", "verifier", "sandbox", "deepspeed"):
         assert checks[name]["status"] == "ok", checks[name]
     assert "vllm: started" in checks["rollout-engine"]["detail"]
@@ -53,7 +53,7 @@ def test_doctor_names_what_is_down_and_its_fix(tmp_path):
     prefect = next(line for line in lines if line.startswith("FAIL  prefect-api"))
     assert api in prefect
     assert any(line.startswith("ok    mlflow-tracking") for line in lines)
-    assert lines[-1] == "2 of 8 failed: object-store, prefect-api"
+    assert lines[-1] == "2 of 9 failed: object-store, prefect-api"
     assert time.monotonic() - start < 120
 
 

@@ -10,6 +10,7 @@ event an automation acts on — is the caller's: this module imports no orchestr
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any, Callable, Sequence
@@ -20,6 +21,7 @@ __all__ = ["Alert", "RULES", "evaluate", "guard_alert"]
 
 Metrics = dict[str, float]
 History = Sequence[dict[str, Any]]
+_GPU_UTIL = re.compile(r"resource/gpu\d+_util")
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,100 @@ def _reward_hacking(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | No
     return msg, now[0] - now[1]
 
 
+def _slope(ys: Sequence[float]) -> float:
+    """The least-squares slope of ``ys`` against 0, 1, 2, …: change per iteration, robust to one noisy point."""
+    n = len(ys)
+    xm, ym = (n - 1) / 2, sum(ys) / n
+    return sum((x - xm) * (y - ym) for x, y in enumerate(ys)) / sum((x - xm) ** 2 for x in range(n))
+
+
+def _kl_rise(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:
+    """KL still below kl_high's limit but climbing fast: the drift shows here iterations before it crosses it."""
+    rule, kl = cfg.alerts.kl_rise, _get(m, "kl")
+    series = [float(h["kl"]) for h in hist if h.get("kl") is not None][-(rule.window - 1):] + [kl]
+    if len(series) < rule.window:
+        return None, 0.0
+    rate = _slope(series)
+    if rate <= rule.max_rate:
+        return None, rate
+    return (f"KL to the reference rose {rate:.4g} per iteration over the last {rule.window} iterations "
+            f"({series[0]:.4g} → {kl:.4g}), faster than max_rate {rule.max_rate:g}: the policy is drifting from the "
+            "reference; lower the lr, raise kl_coef or set train.kl_target, and check for reward hacking"), rate
+
+
+def _gpu_peak(m: dict[str, Any]) -> float | None:
+    """The iteration's peak allocated GPU memory: the highest of its stages' (CUDA runs only)."""
+    peaks = [float(v) for k, v in m.items() if k.startswith("resource/gpu_mem_peak_bytes/")]
+    return max(peaks) if peaks else None
+
+
+def _gpu_memory_growth(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:
+    """On torch's peak *allocated* memory, not NVML's used memory: the caching allocator keeps what it reserved,
+    so the used memory plateaus while a leak grows inside it, until the out-of-memory error."""
+    from rlpipe.tracking.resources import memory_growth
+
+    now = _gpu_peak(m)
+    if now is None:
+        raise _Skip("resource/gpu_mem_peak_bytes/*")
+    series = [p for h in hist if (p := _gpu_peak(h)) is not None] + [now]
+    rule = cfg.alerts.gpu_memory_growth
+    return memory_growth(series, rule.iterations, rule.mb * 2**20, what="peak allocated GPU memory",
+                         see="resource/gpu_mem_peak_bytes/*"), now
+
+
+def _gpu_utils(m: dict[str, Any]) -> list[float]:
+    return [float(v) for k, v in m.items() if _GPU_UTIL.fullmatch(k)]
+
+
+def _gpu_util_low(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:
+    rule, now = cfg.alerts.gpu_util_low, _gpu_utils(m)
+    if not now:
+        raise _Skip("resource/gpu<i>_util")
+    streak = 0
+    for row in [m, *reversed(hist)]:
+        utils = _gpu_utils(row)
+        if not utils or max(utils) >= rule.min_util:
+            break
+        streak += 1
+    if streak < rule.for_iterations:
+        return None, max(now)
+    return (f"every GPU was busy less than {rule.min_util:.0%} of the iteration for {streak} iteration(s) in a row "
+            f"(busiest now {max(now):.0%}): the GPUs wait on something else; see time/* for the stage that takes "
+            "the time (generation on the CPU, the verifier, the object store) or raise the batch size"), max(now)
+
+
+def _loss_divergence(cfg: RunConfig, m: Metrics, hist: History) -> tuple[str | None, float]:
+    """|loss| or grad_norm above ``factor`` × its median magnitude, for ``for_iterations`` in a row. Magnitudes:
+    the policy-gradient loss changes sign. A non-finite value is nonfinite_loss's, not this rule's."""
+    rule, worst = cfg.alerts.loss_divergence, None
+    for key in ("loss", "grad_norm"):
+        if key not in m or not math.isfinite(m[key]):
+            continue
+        series = [abs(float(h[key])) for h in hist if h.get(key) is not None and math.isfinite(h[key])]
+        series.append(abs(float(m[key])))
+        before, window = series[:-rule.for_iterations], series[-rule.for_iterations:]
+        if len(before) < rule.min_history or len(window) < rule.for_iterations:
+            continue
+        med = median(before)
+        ratio = min(window) / med if med > 0 else (math.inf if min(window) > 0 else 0.0)
+        if worst is None or ratio > worst[1]:
+            worst = (key, ratio, med)
+    if worst is None:
+        raise _Skip("loss history")
+    key, ratio, med = worst
+    if ratio <= rule.factor:
+        return None, ratio
+    return (f"|{key}| stayed above {rule.factor:g} × the run's median {med:.4g} for {rule.for_iterations} "
+            f"iteration(s) (now {abs(m[key]):.4g}): the update is diverging; lower the lr or train.grad_clip, and "
+            "check mismatch/* and ratio/max"), ratio
+
+
 RULES: dict[str, Callable[[RunConfig, Metrics, History], tuple[str | None, float]]] = {
     "reward_flat": _reward_flat, "kl_high": _kl_high, "entropy_collapse": _entropy_collapse,
     "nonfinite_loss": _nonfinite_loss, "verifier_errors": _verifier_errors, "throughput_drop": _throughput_drop,
     "memory_growth": _memory_growth, "mismatch": _mismatch, "reward_hacking": _reward_hacking,
+    "kl_rise": _kl_rise, "gpu_memory_growth": _gpu_memory_growth, "gpu_util_low": _gpu_util_low,
+    "loss_divergence": _loss_divergence,
 }
 
 

@@ -4,7 +4,8 @@ Each check does the real thing on a small scale: the object store writes, reads 
 object; MLflow lists experiments and registered models (and resolves the policy's ``models:/`` alias);
 the Prefect API answers ``/health``; the rollout engine starts and generates a few tokens; the services
 in ``RLPIPE_VERIFIER_URL`` / ``RLPIPE_REWARD_MODEL_URL`` / ``RLPIPE_ENV_URL`` answer ``/health``; the
-sandbox reports its isolation level against the config's floor; DeepSpeed imports; a GPU is named.
+sandbox reports its isolation level against the config's floor; DeepSpeed imports; a GPU is named; the
+enabled GPU alert rules get the GPU metrics they read (else: which rule is not evaluated, and why).
 
 A check that does not apply (no GPU, no service configured) is ``skip``, never a failure. Every check runs
 with a deadline, so one hung component cannot hang the report. Runs start with the same checks
@@ -289,6 +290,29 @@ def _gpu(cfg: RunConfig, s: Settings) -> str:
             f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free on GPU 0")
 
 
+# The GPU alert rules and the metrics they read (rlpipe.tracking.resources), which a CPU run does not have.
+GPU_ALERTS = {"gpu_memory_growth": "resource/gpu_mem_peak_bytes/*", "gpu_util_low": "resource/gpu<i>_util"}
+
+
+def _alert_inputs(cfg: RunConfig, s: Settings) -> str:
+    """Whether the enabled GPU alert rules will get their inputs here. A rule without them is left out of every
+    iteration's evaluation, which must be said once rather than pass as a rule that stays quiet."""
+    import importlib.util
+
+    import torch
+
+    rules = [r for r in GPU_ALERTS if getattr(cfg.alerts, r).enabled]
+    if not rules:
+        raise _Skip("no GPU alert rule enabled")
+    missing = {r: "no CUDA GPU" for r in rules} if not torch.cuda.is_available() else {}
+    if not missing and "gpu_util_low" in rules and importlib.util.find_spec("pynvml") is None:
+        missing["gpu_util_low"] = "pynvml is not installed: pip install nvidia-ml-py"
+    if missing:
+        raise _Skip("not evaluated in this run: " + "; ".join(f"alerts.{r} ({why}: no {GPU_ALERTS[r]} metrics)"
+                                                             for r, why in missing.items()))
+    return "alerts " + ", ".join(f"{r} on {GPU_ALERTS[r]}" for r in rules)
+
+
 def _started_by_the_run(cfg: RunConfig, s: Settings) -> str:
     raise _Skip("in-process pool: the run starts it, and stops if it cannot")
 
@@ -303,7 +327,8 @@ def _plan(cfg: RunConfig, s: Settings, engine: bool, local_pool: bool) -> list[t
         checks.append(("rollout-engine", _rollout_engine))
     services = [(n, _started_by_the_run if n == "verifier" and not local_pool and not s.verifier_url else fn)
                 for n, fn in _services(cfg, s)]
-    return checks + services + [("sandbox", _sandbox), ("deepspeed", _deepspeed), ("gpu", _gpu)]
+    return checks + services + [("sandbox", _sandbox), ("deepspeed", _deepspeed), ("gpu", _gpu),
+                                ("alert-inputs", _alert_inputs)]
 
 
 def _one(name: str, fn: Callable[[RunConfig, Settings], str], cfg: RunConfig, s: Settings, timeout_s: float) -> Check:

@@ -68,6 +68,34 @@ class RewardHackingRule(_Rule):
     pass  # its window is reward.hacking_window
 
 
+class KLRiseRule(_Rule):
+    window: int = Field(5, ge=2, description="Over the last this many iterations (this one included) …")
+    max_rate: float = Field(0.02, gt=0, description="… KL to the reference rose faster than this much per iteration "
+                            "(least-squares slope): a drift kl_high would catch only later.")
+
+
+class GpuMemoryGrowthRule(_Rule):
+    iterations: int = Field(5, ge=2, description="The iteration's peak allocated GPU memory (the highest "
+                            "resource/gpu_mem_peak_bytes/* of its stages) rose at each of this many iterations …")
+    mb: float = Field(512.0, gt=0, description="… and by more than this many MiB in all. Needs CUDA: on a CPU run "
+                      "it is not evaluated (rlpipe doctor's alert-inputs line says so).")
+
+
+class GpuUtilLowRule(_Rule):
+    severity: Severity = Field("info", description=_SEVERITY)
+    min_util: float = Field(0.25, gt=0, le=1, description="Fires when every GPU's mean utilisation over the iteration "
+                            "(resource/gpu<i>_util, NVML's busy share) stayed below this …")
+    for_iterations: int = Field(3, ge=1, description="… for this many iterations in a row. Needs CUDA and pynvml "
+                                "(nvidia-ml-py): without them it is not evaluated (rlpipe doctor says so).")
+
+
+class LossDivergenceRule(_Rule):
+    factor: float = Field(10.0, gt=1, description="Fires when |loss| or grad_norm stays above factor × the median of "
+                          "its magnitude over the (up to 200) iterations before …")
+    for_iterations: int = Field(2, ge=1, description="… for this many iterations in a row …")
+    min_history: int = Field(5, ge=1, description="… once the run has this many earlier iterations for the median.")
+
+
 class AlertsConfig(Strict):
     """Alert rules, evaluated after each iteration. A rule that fires logs ``alerts/<rule>`` = 1 to MLflow, an
     ``ALERT`` line, a row of the run's ``alerts.json`` table and a Prefect event ``rlpipe.alert.<rule>`` with
@@ -86,6 +114,12 @@ class AlertsConfig(Strict):
     mismatch: MismatchRule = Field(default_factory=MismatchRule, description="Train/inference log-prob mismatch.")
     reward_hacking: RewardHackingRule = Field(default_factory=RewardHackingRule,
                                               description="Reward-model score up while the true score falls (RLHF).")
+    kl_rise: KLRiseRule = Field(default_factory=KLRiseRule, description="KL to the reference rising too fast.")
+    gpu_memory_growth: GpuMemoryGrowthRule = Field(default_factory=GpuMemoryGrowthRule,
+                                                   description="Steady growth of the peak allocated GPU memory.")
+    gpu_util_low: GpuUtilLowRule = Field(default_factory=GpuUtilLowRule, description="GPUs mostly idle.")
+    loss_divergence: LossDivergenceRule = Field(default_factory=LossDivergenceRule,
+                                                description="Loss or gradient norm blowing up against the run's median.")
     events: bool = Field(True, description="Emit each alert as a Prefect event (false: MLflow and the log only).")
     critical_grace_s: float = Field(15.0, ge=0, description="After a critical alert the run waits up to this long "
                                     "for an automation to cancel it before it starts the next iteration.")

@@ -64,6 +64,7 @@ class ResourceMonitor:
         # Listing the process tree scans every process on the machine (psutil reads each one's parent): the
         # sampling thread lists it at each sample, a stage's start and end reuse its latest listing.
         self._members: list[psutil.Process] | None = None
+        self._busy: _GpuBusy | None = None  # made by the sampling thread (it imports torch)
 
     def _sample(self, relist: bool = False) -> None:
         if relist or self._members is None:
@@ -74,8 +75,10 @@ class ResourceMonitor:
                 self._peaks[self._stage] = max(self._peaks.get(self._stage, 0), rss)
 
     def _loop(self) -> None:
+        self._busy = _GpuBusy()
         while True:
             self._sample(relist=True)
+            self._busy.sample()
             time.sleep(self.interval_s)
 
     def start(self) -> "ResourceMonitor":
@@ -107,6 +110,8 @@ class ResourceMonitor:
         """A mark to measure an iteration from; clears the stage peaks."""
         with self._lock:
             self._peaks.clear()
+        if self._busy is not None:
+            self._busy.reset()
         return {"t": time.perf_counter(), "cpu_s": tree_cpu_s(self.proc), "bytes": float(bytes_written())}
 
     def metrics(self, mark: dict[str, float]) -> dict[str, float]:
@@ -119,7 +124,7 @@ class ResourceMonitor:
             for stage, peak in self._peaks.items():
                 kind, _, name = stage.rpartition(":")
                 out[f"resource/{'gpu_mem' if kind else 'rss'}_peak_bytes/{name}"] = float(peak)
-        return out | _gpu_metrics(wall)
+        return out | _gpu_metrics(wall, self._busy.means() if self._busy is not None else None)
 
 
 def _cuda() -> Any:
@@ -130,20 +135,66 @@ def _cuda() -> Any:
     return torch.cuda if torch.cuda.is_available() else None
 
 
-def _gpu_metrics(wall: float) -> dict[str, float]:
-    """GPU-seconds (wall × GPUs in use) and, with NVML installed, utilisation and memory of each GPU."""
+def _nvml_handles() -> list[Any]:
+    """NVML's handle of each GPU; none without CUDA or pynvml (nvidia-ml-py), or when NVML will not start."""
+    if not _cuda():
+        return []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # noqa: BLE001 - ImportError, or NVMLError (no driver library): no NVML metrics
+        return []
+
+
+class _GpuBusy:
+    """Each GPU's utilisation averaged over the iteration, from the monitor's samples. NVML's utilisation is the
+    share of its last sample period (1/6 s to 1 s) in which a kernel ran: one reading at the iteration's end says
+    what the GPU did while the run logged and saved, not while it generated and trained (alerts.gpu_util_low)."""
+
+    def __init__(self) -> None:
+        self.handles = _nvml_handles()
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.sums, self.n = [0.0] * len(self.handles), 0
+
+    def sample(self) -> None:
+        if not self.handles:
+            return
+        import pynvml
+
+        try:
+            busy = [pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100 for h in self.handles]
+        except pynvml.NVMLError:  # a GPU gone or NVML broken: stop sampling, the RSS samples must go on
+            self.handles = []
+            return
+        with self._lock:
+            self.sums, self.n = [a + b for a, b in zip(self.sums, busy)], self.n + 1
+
+    def means(self) -> list[float] | None:
+        with self._lock:
+            return [x / self.n for x in self.sums] if self.n else None
+
+
+def _gpu_metrics(wall: float, busy: list[float] | None = None) -> dict[str, float]:
+    """GPU-seconds (wall × GPUs in use) and, with NVML, each GPU's memory in use and utilisation: ``busy``, the
+    mean of the monitor's samples over the iteration, or one reading now when it has none."""
     cuda = _cuda()
     if not cuda:
         return {}
     out = {"resource/gpu_s": wall * cuda.device_count()}
-    try:
-        import pynvml
-    except ImportError:
+    handles = _nvml_handles()
+    if not handles:
         return out
-    pynvml.nvmlInit()
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        out[f"resource/gpu{i}_util"] = float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu) / 100
+    import pynvml
+
+    for i, h in enumerate(handles):
+        now = pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100
+        out[f"resource/gpu{i}_util"] = float(busy[i] if busy and i < len(busy) else now)
         out[f"resource/gpu{i}_mem_bytes"] = float(pynvml.nvmlDeviceGetMemoryInfo(h).used)
     return out
 
@@ -159,8 +210,9 @@ def monitor() -> ResourceMonitor:
     return _MONITOR
 
 
-def memory_growth(rss: Sequence[float], iterations: int, min_growth_bytes: float) -> str | None:
-    """An alert when RSS rose at every one of the last ``iterations`` iterations and by more than
+def memory_growth(rss: Sequence[float], iterations: int, min_growth_bytes: float, what: str = "memory",
+                  see: str = "resource/rss_peak_bytes/*") -> str | None:
+    """An alert when RSS (or ``what``) rose at every one of the last ``iterations`` iterations and by more than
     ``min_growth_bytes`` in all: a leak looks like this, a warm-up plateau does not."""
     last = list(rss)[-(iterations + 1):]
     if len(last) < iterations + 1 or any(b <= a for a, b in zip(last, last[1:])):
@@ -168,5 +220,5 @@ def memory_growth(rss: Sequence[float], iterations: int, min_growth_bytes: float
     grew = last[-1] - last[0]
     if grew <= min_growth_bytes:
         return None
-    return (f"memory grew at each of the last {iterations} iterations, by {grew / 2**20:.0f} MiB in all "
-            f"(now {last[-1] / 2**30:.2f} GiB): a leak? see resource/rss_peak_bytes/* for the stage")
+    return (f"{what} grew at each of the last {iterations} iterations, by {grew / 2**20:.0f} MiB in all "
+            f"(now {last[-1] / 2**30:.2f} GiB): a leak? see {see} for the stage")
