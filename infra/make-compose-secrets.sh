@@ -5,6 +5,7 @@
 #                        (one identity, scoped to the bucket rlpipe; no Admin)
 #   s3-credentials       the same key pair as a botocore shared-credentials file (AWS_SHARED_CREDENTIALS_FILE)
 #   verifier-token, trainer-token, rollout-token   the services' bearer tokens
+#   grafana-admin-password                         Grafana's password for the user admin
 # DIR is made 0700 and the files 0644: compose bind-mounts each file into containers that run as uid
 # 10001, which must read it, and the folder keeps other users of this machine out.
 #
@@ -17,7 +18,7 @@ case "$dir/" in
   "$root"/*) echo "$0: $dir is inside the repository $root: choose a folder outside it" >&2; exit 2 ;;
 esac
 mkdir -p "$dir"
-for f in s3-identities.json s3-credentials verifier-token trainer-token rollout-token; do
+for f in s3-identities.json s3-credentials verifier-token trainer-token rollout-token grafana-admin-password; do
   if [ -e "$dir/$f" ]; then echo "$0: $dir/$f exists; not overwriting it (delete it to make a new one)" >&2; exit 2; fi
 done
 chmod 0700 "$dir"
@@ -36,6 +37,7 @@ files = {
     "s3-identities.json": json.dumps(ids, indent=1) + "\n",
     "s3-credentials": f"[default]\naws_access_key_id = {access}\naws_secret_access_key = {secret}\n",
     **{f"{name}-token": secrets.token_urlsafe(32) + "\n" for name in ("verifier", "trainer", "rollout")},
+    "grafana-admin-password": secrets.token_urlsafe(24),  # no newline: read as the whole password
 }
 for name, text in files.items():
     fd = os.open(os.path.join(out, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

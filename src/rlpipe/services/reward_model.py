@@ -109,7 +109,8 @@ class RewardModelService(QueueWorker):
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return (s.values("requests", "rejected", "errors", "timeouts", "items", "batches")
-                | {"mean_batch_items": s.batched_items / max(s.batches, 1)} | s.percentiles() | {"queue": self._queue.qsize()})
+                | {"mean_batch_items": s.batched_items / max(s.batches, 1)} | s.percentiles()
+                | {"queue": self._queue.qsize(), "max_queue": self.max_queue})
 
 
 class Item(BaseModel):

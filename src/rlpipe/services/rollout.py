@@ -365,7 +365,7 @@ class RolloutService:
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return (s.values("requests", "rejected", "errors", "timeouts", "unauthorized", "items", "tokens", "weight_loads")
-                | s.percentiles() | {"queue": self._waiting, "in_flight": int(self._turn.locked())})
+                | s.percentiles() | {"queue": self._waiting, "max_queue": self.max_queue, "in_flight": int(self._turn.locked())})
 
     def close(self) -> None:
         self.engine.close()

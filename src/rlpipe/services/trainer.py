@@ -87,7 +87,8 @@ class TrainerService:
     def metrics(self) -> dict[str, Any]:
         s = self.stats
         return (s.values("requests", "rejected", "errors", "timeouts", "unauthorized", "steps", "weight_loads")
-                | {"world": self.ranks.world} | s.percentiles() | {"queue": self.inbox.qsize(), "in_flight": self.in_flight})
+                | {"world": self.ranks.world} | s.percentiles()
+                | {"queue": self.inbox.qsize(), "max_queue": self.max_queue, "in_flight": self.in_flight})
 
     def close(self) -> None:
         self.stop.set()

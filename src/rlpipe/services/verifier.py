@@ -136,7 +136,7 @@ class VerifierService(QueueWorker):
         s = self.stats
         return (s.values("requests", "rejected", "errors", "timeouts", "abandoned", "dispatch_errors", "items")
                 | s.percentiles() | {"error_rate": s.errors / max(s.requests, 1), "queue": self._queue.qsize(),
-                                     "worker_restarts": self.pool.restarts})
+                                     "max_queue": self.max_queue, "worker_restarts": self.pool.restarts})
 
     def close(self) -> None:
         super().close()
