@@ -61,7 +61,7 @@ def iteration(config: RunConfig, run_id: str, iteration: int, mlflow_run_id: str
     registered, behind = None, None
     save_point = config.train.save_point(iteration)
     if save_point and _upload_behind(ctx, iteration, last):
-        behind = SavePointBehind(iteration, u.state_dir, u.weights_sha256, val["accuracy"] if val else None,
+        behind = SavePointBehind(iteration, u.state_dir, u.weights_sha256 or s.policy_version, val["accuracy"] if val else None,
                                  ev["accuracy"] if ev else None, str(flow_run.get_id() or ""))
         upload_behind(config, run_id, behind)
     elif save_point:

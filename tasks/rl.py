@@ -173,8 +173,7 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[Ver
     svc.trainer.handoff()  # the new weights, hashed once on a thread: the sync waits for it once the engine has them
     metrics |= {"trainer/hash_s": time.perf_counter() - start, "trainer/save_wait_s": save_wait_s}
     start = time.perf_counter()
-    folder = _save_point(ctx, svc, iteration, extra_state) if config.train.save_point(iteration) else None
-    digest = svc.trainer.policy_tensors()[0] if folder else None  # a save point has waited for it
+    folder, digest = _save_point(ctx, svc, iteration, extra_state) if config.train.save_point(iteration) else (None, None)
     adapter = _adapter_handoff(ctx, svc)
     save_s = time.perf_counter() - start
     fault_point(iteration, "update")
@@ -183,20 +182,22 @@ def update(config: RunConfig, run_id: str, iteration: int, verify_refs: list[Ver
                       adapter_sha256=adapter and adapter[1])
 
 
-def _save_point(ctx: RunContext, svc: RunServices, iteration: int, extra_state: dict[str, Any]) -> Path:
-    """Save point ``iteration``'s resumable state, written here or on a thread (train.async_save, one rank): the
-    hash, the trainer state and the RNG are taken now, the files are written while the sync, the evaluation and
-    the next batch's generation go on. A folder is a save point only once the progress records it."""
+def _save_point(ctx: RunContext, svc: RunServices, iteration: int, extra_state: dict[str, Any]) -> tuple[Path, str | None]:
+    """Save point ``iteration``'s resumable state: (its folder, the weights' hash, or None while the hash is
+    still being taken). The trainer state and the RNG are taken now; the files are written here, or (train.async_save,
+    one rank) on a thread started once the sync has proven the engine's weights (:meth:`RunServices.defer_save`),
+    while the evaluation and the next batch's generation go on. A folder is a save point only once the progress
+    records it."""
     folder = ctx.folder.state_dir(iteration)
     if folder.exists():
         shutil.rmtree(folder)
-    _, write = svc.trainer.plan_save(folder, extra_state=extra_state, spare=ctx.folder.spare_state_dir,
-                                     midway=lambda: fault_point(iteration, "save"))
+    digest, write = svc.trainer.plan_save(folder, extra_state=extra_state, spare=ctx.folder.spare_state_dir,
+                                          midway=lambda: fault_point(iteration, "save"))
     if ctx.config.train.async_save and svc.trainer.world == 1:
-        svc.save_in_background(iteration, str(folder), write)
-    else:
-        write()
-    return folder
+        svc.defer_save(iteration, str(folder), write)
+        return folder, None
+    write()
+    return folder, digest.result()
 
 
 def _adapter_handoff(ctx: RunContext, svc: RunServices) -> tuple[str, str] | None:
@@ -250,6 +251,7 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: Upd
                        iteration, adapter_sha256=update_ref.adapter_sha256, trainer=svc.trainer)
     proof = svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}", trainer_side)
     svc.policy_iteration = iteration
+    svc.start_deferred_save()  # a save point's state (train.async_save): written from now, beside what follows
     fault_point(iteration, "sync")
     return SyncDone(sync_s=time.perf_counter() - start, policy_version=held, adapter_only=adapter,
                     readback_tensors=0.0 if adapter else float(getattr(svc.engine, "last_readback", 0)), **proof)
@@ -298,7 +300,9 @@ def upload_checkpoint(config: RunConfig, run_id: str, iteration: int, update_ref
     """Copy the iteration's full resumable state (weights, tokenizer, optimizer and critic states, KL
     controller, RNG, iteration) to the store, once it is written (train.async_save); a redo finds a whole copy and
     keeps it."""
-    services(run_id).join_save()
-    uri = run_context(run_id, config).state.upload_state(Path(update_ref.state_dir), iteration, update_ref.weights_sha256)
+    svc = services(run_id)
+    svc.join_save()
+    digest = update_ref.weights_sha256 or svc.trainer.policy_tensors()[0]  # a deferred save's: taken by now
+    uri = run_context(run_id, config).state.upload_state(Path(update_ref.state_dir), iteration, digest)
     fault_point(iteration, "upload")
-    return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=update_ref.weights_sha256)
+    return SavedCheckpoint(checkpoint_uri=uri, weights_sha256=digest)

@@ -37,6 +37,8 @@ class RunServices:
     background: tuple[int, Any] | None = None
     # A save point's state being written (train.async_save): (iteration, its folder, Future), or None.
     saving: tuple[int, str, Any] | None = None
+    # A save point's state to write once the sync has proven the engine's weights: (iteration, folder, write), or None.
+    deferred: tuple[int, str, Callable[[], None]] | None = None
     # A save point being uploaded to the store behind the run (train.async_save): (what the flow records once it
     # is whole, Future of the upload), or None. Recorded by a later iteration (:meth:`join_upload`).
     uploading: tuple[Any, Any] | None = None
@@ -47,8 +49,24 @@ class RunServices:
         self.join_save()
         self.saving = (iteration, folder, on_thread(write, f"rlpipe-save-{iteration}"))
 
+    def defer_save(self, iteration: int, folder: str, write: Callable[[], None]) -> None:
+        """Save point ``iteration``'s state, taken (``plan_save``), written on a thread once :meth:`start_deferred_save`
+        is called: after the weight sync's proof, so that the writing runs beside the evaluation and the next batch's
+        generation, not beside the sync, and the update does not wait for the weights' hash."""
+        self.join_save()
+        self.deferred = (iteration, folder, write)
+
+    def start_deferred_save(self) -> None:
+        """Start writing the deferred save point's state on a thread (nothing to do without one)."""
+        if self.deferred is not None:
+            iteration, folder, write = self.deferred
+            self.deferred = None
+            self.save_in_background(iteration, folder, write)
+
     def join_save(self) -> float:
-        """Wait for the save being written, if any (seconds waited); its error is raised here."""
+        """Wait for the save being written, if any (seconds waited); its error is raised here. A deferred one not
+        started yet is started first: nothing may change the weights before it is written."""
+        self.start_deferred_save()
         if self.saving is None:
             return 0.0
         iteration, folder, future = self.saving
@@ -123,6 +141,7 @@ def stop_services(run_id: str) -> None:
     s = _SERVICES.pop(run_id, None)
     if s is None:
         return
+    s.deferred = None  # a save point whose sync never came is no save point: not written
     if s.saving is not None:  # never leave a save half-written behind a stopped run (a failed one is not recorded)
         try:
             s.join_save()

@@ -89,25 +89,28 @@ class Saving:
         weights, RecyclingWrites for DeepSpeed's)."""
         digest, write = self.plan_save(folder, extra_state, spare)
         write()
-        return digest
+        return digest.result()
 
     def plan_save(self, folder: str | Path, extra_state: dict[str, Any] | None = None, spare: str | Path | None = None,
-                  midway: Callable[[], None] | None = None) -> tuple[str, Callable[[], None]]:
-        """A save in two halves: what must be taken now (the weights' hash, the trainer state, the RNG: the caller's
-        thread goes on using the RNG), and the writing, returned to run now or on another thread, while nothing
-        changes the weights or the optimizer (the next update waits for it). ``midway``: called between the HF
-        weights and the optimizer state (a test's kill point)."""
+                  midway: Callable[[], None] | None = None) -> tuple[Future, Callable[[], None]]:
+        """A save in two halves: what must be taken now (the trainer state, the RNG: the caller's thread goes on
+        using the RNG), and the writing, returned to run now or on another thread, while nothing changes the
+        weights or the optimizer (the next update waits for it). The weights' hash is a future (:meth:`handoff`'s):
+        the writing records it, the caller need not wait for it. ``midway``: called between the HF weights and the
+        optimizer state (a test's kill point)."""
         folder = Path(folder)
-        digest, _ = self.policy_tensors()
+        digest, _ = self.handoff()
         state: dict[str, Any] = {}
         if self.rank == 0:
-            state = dict(self.state) | (extra_state or {}) | {"weights_sha256": digest, "world_size": self.world}
+            state = dict(self.state) | (extra_state or {}) | {"world_size": self.world}
             if self.cfg.lora:  # the adapter's hash from memory: an engine fed adapter/ must read the same tensors
                 state |= {"lora_base": str(self.model_dir), "adapter_sha256": self.adapter_sha256()}
         state = json.loads(json.dumps(state, default=str))  # a copy, as it is now
         rng = rng_state()
 
         def write() -> None:
+            if self.rank == 0:
+                state["weights_sha256"] = digest.result()
             the_spare = Spare.of(spare)  # one Spare: this process's maps read once per save
             self.export_weights(folder, the_spare)
             if self.cfg.lora and self.rank == 0:  # what a resume puts back on the start model's base weights
