@@ -51,3 +51,9 @@ def zero(response: str, ground_truth: str | None) -> VerifyResult:
 def warm(response: str, ground_truth: str | None) -> VerifyResult:
     """1 when the worker gives its verdict with math-verify and sympy already imported, 0 when cold."""
     return VerifyResult(float(all(m in sys.modules for m in ("math_verify", "sympy", "latex2sympy2_extended"))), "ok")
+
+
+@register_verifier("test_leaky", version="1")
+def leaky(response: str, ground_truth: str | None) -> VerifyResult:
+    """A verdict whose reason carries personal data (a verifier quoting whom to ask): data.redact's case."""
+    return VerifyResult(float(len(response) % 2 == 0), "ok", "graded; questions to ops.grader@example-lab.org")

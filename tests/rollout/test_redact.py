@@ -75,16 +75,6 @@ def test_prompt_tokens_and_steps_are_redacted_too(tok):
     assert row["loss_mask"] == [1, 1]  # prompt tokens carry no loss: nothing to mask in the response
 
 
-def test_rollout_and_verify_write_through_it():
-    import inspect
-
-    import tasks.rl as rl
-
-    assert rl.write_trajectories is write_trajectories
-    for stage in (rl.generate_rollout, rl.verify.fn):
-        assert "write_trajectories(ctx.store" in inspect.getsource(stage) and "redact=config.data.redact" in inspect.getsource(stage)
-
-
 def test_config_key_defaults_off_and_old_runs_resume_unchanged():
     cfg = RunConfig()
     assert cfg.data.redact is False
