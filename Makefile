@@ -23,7 +23,7 @@ demo-agent: install
 	$(VENV)/bin/rlpipe demo agent
 
 test:
-	@RLPIPE_INSTALL_BROWSER=1 bash scripts/install.sh
+	@RLPIPE_INSTALL_BROWSER=1 RLPIPE_INSTALL_TEST_TOOLS=1 bash scripts/install.sh
 	$(VENV)/bin/ruff check .
 # The browser test in a process of its own: the memory the rest of the suite leaves in the first process would
 # starve the browser, the worker and the servers it drives (its page loads failed at the suite's end).

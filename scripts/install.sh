@@ -29,11 +29,11 @@ pipq() { "$@" 2>&1 | { grep -v "^WARNING: Location '" || true; }; return "${PIPE
 
 # System packages, installed when missing and we are root (else a warning says what is lost).
 # RLPIPE_NO_SYSTEM_PACKAGES=1 skips them (tests that install clones).
-#   apt_install PACKAGE WHAT-FAILS-WITHOUT-IT
+#   apt_install PACKAGE WHAT-FAILS-WITHOUT-IT [APT-OPTION]
 apt_install() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[install] apt-get install $1"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") >/dev/null 2>&1 \
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${3:+"$3"} "$1") >/dev/null 2>&1 \
       || echo "[install] WARNING: could not install $1; $2"
   else
     echo "[install] WARNING: $1 is missing and this is not root with apt-get; $2"
@@ -46,6 +46,17 @@ if [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ]; then
   # download a browser). Only `make test` asks for it (RLPIPE_INSTALL_BROWSER=1): the demo needs none.
   if [ "${RLPIPE_INSTALL_BROWSER:-0}" = 1 ] && [ ! -x /usr/bin/chromium ]; then
     apt_install chromium "the report's browser test (tests/tracking/test_report.py) fails until it is installed"
+  fi
+  # promtool, from Debian's prometheus package, for the alert rules' checks and unit tests
+  # (tests/infra/test_monitoring.py). Only `make test` asks for it (RLPIPE_INSTALL_TEST_TOOLS=1).
+  if [ "${RLPIPE_INSTALL_TEST_TOOLS:-0}" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
+    apt_install prometheus "the Prometheus rule tests (tests/infra/test_monitoring.py) skip until promtool is installed" \
+      --no-install-recommends
+    # Where systemd runs, the package also enables and starts a Prometheus server on every interface
+    # (port 9090): the tests need promtool only.
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
   fi
 fi
 
