@@ -247,9 +247,17 @@ def sync_weights(config: RunConfig, run_id: str, iteration: int, update_ref: Upd
     start = time.perf_counter()
     adapter = update_ref.adapter_sha256 is not None
     trainer_side = svc.proof.trainer_ahead(svc.trainer)  # the trainer's probe forward while the engine reloads
+    proof: dict[str, float] = {}
+
+    def prove() -> None:
+        proof.update(svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}", trainer_side))
+
+    # In memory, the engine is proven on the probe batch while the trainer's hash is still being taken; the sync
+    # ends once both hold (the hash equal to the one the engine reports).
     held = load_policy(svc.engine, update_ref.adapter_dir if adapter else update_ref.state_dir, update_ref.weights_sha256,
-                       iteration, adapter_sha256=update_ref.adapter_sha256, trainer=svc.trainer)
-    proof = svc.proof.prove(svc.engine, svc.trainer, f"iteration {iteration}", trainer_side)
+                       iteration, adapter_sha256=update_ref.adapter_sha256, trainer=svc.trainer, meanwhile=prove)
+    if not proof:  # a folder or an adapter: proven once loaded
+        prove()
     svc.policy_iteration = iteration
     svc.start_deferred_save()  # a save point's state (train.async_save): written from now, beside what follows
     fault_point(iteration, "sync")

@@ -85,8 +85,10 @@ def test_the_hash_runs_on_a_thread_and_the_next_update_waits_for_it(standins, mo
     expected = real({k: v.clone() for k, v in tensors.items()})
     engine = new_engine("hf", standins["qwen2"], max_model_len=64)
     try:
+        held = engine.load_tensors(tensors, pending)
+        assert held is pending and not pending.done()  # the engine holds the tensors; their hash is not waited for
         threading.Timer(0.5, gate.set).start()
-        assert engine.load_tensors(tensors, pending) == expected == engine.weights_sha256()
+        assert engine.weights_sha256() == expected  # asked for, it is
     finally:
         engine.close()
     gate.clear()
@@ -97,6 +99,42 @@ def test_the_hash_runs_on_a_thread_and_the_next_update_waits_for_it(standins, mo
     t.update(fixed_batch(32)[16:], 1)  # waits for the hash before the optimizer changes the weights in place
     assert pending.result() == expected
     assert t.policy_tensors()[0] != expected  # and the update's own weights hash anew
+
+
+def test_the_engine_is_proven_while_the_hash_is_still_taken(standins, monkeypatch):
+    """The sync in memory: the probe runs once the engine holds the tensors, before their hash is done; the sync
+    ends with the hash the engine reports, and a hash other than the update's still fails it after the probe."""
+    import threading
+
+    from rlpipe.guards import WeightSyncError
+    from rlpipe.rollout.engines import new_engine
+    from rlpipe.rollout.probe import ProbeBatch, SyncProof, load_policy
+    from rlpipe.storage import weights
+    from rlpipe.training import saving
+
+    torch.set_num_threads(1)
+    t = _trainer(standins["qwen2"])
+    t.update(fixed_batch(16), 0)
+    gate, real = threading.Event(), weights.weights_sha256
+    monkeypatch.setattr(saving, "weights_sha256", lambda ts: (gate.wait(60), real(ts))[1])
+    proof, seen = SyncProof(ProbeBatch(PROMPTS, CONTS), tolerance=0.1), {}
+    engine = new_engine("hf", standins["qwen2"], max_model_len=64)
+
+    def meanwhile():
+        seen["hash_done"] = t.handoff()[0].done()
+        seen["proof"] = proof.prove(engine, t, "iteration 0")
+        gate.set()
+
+    try:
+        held = load_policy(engine, None, None, 0, trainer=t, meanwhile=meanwhile)
+        expected = real({k: v.clone() for k, v in t.handoff()[1].items()})
+        assert seen["hash_done"] is False and seen["proof"]["probe_max_abs_diff"] <= 0.1
+        assert held == expected == engine.weights_sha256()
+        with pytest.raises(WeightSyncError, match="its weights changed after the update"):
+            load_policy(engine, None, "ff" * 32, 0, trainer=t, meanwhile=lambda: seen.update(again=True))
+        assert seen["again"]
+    finally:
+        engine.close()
 
 
 def test_the_trainers_side_of_the_probe_runs_ahead_on_a_thread(standins):

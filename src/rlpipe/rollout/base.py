@@ -44,12 +44,13 @@ class RolloutEngine(Protocol):
         """Reload the policy from an HF folder in place; returns the sha256 of the weights now held."""
         ...
 
-    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> str:
+    def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> Digest:
         """Reload the policy from tensors in memory (an HF checkpoint's names and layout: what ``save_pretrained``
         would write), handed over by the trainer without a file. ``sha256``: their :func:`weights_sha256`, computed
-        once by the caller from these very tensors, or a future of it (waited for with :func:`resolved` once
-        the tensors are in). The engine checks it consumed every tensor and reads back what
-        it holds in plain form; returns the version it now reports (``sha256``)."""
+        once by the caller from these very tensors, or a future of it. The engine checks it consumed every tensor
+        and reads back what it holds in plain form (every value equal to the handed tensors'); returns the version
+        it now reports (``sha256``, as handed: a future is not waited for here, so the caller can prove the engine
+        on the probe batch while the hash is still being taken; :meth:`weights_sha256` waits for it)."""
         ...
 
     def sequence_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:

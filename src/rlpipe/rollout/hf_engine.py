@@ -115,7 +115,7 @@ class HFEngine:
         return self.load_tensors(tensors, weights_sha256(tensors), where=str(folder))
 
     @torch.no_grad()
-    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest, where: str = "the handed tensors") -> str:
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest, where: str = "the handed tensors") -> Digest:
         """Copied into the engine's own modules (never shared: the trainer changes its weights while this engine
         may still generate with the last ones); the caller hashed them once (``sha256``, or a future of it)."""
         if not tensors:
@@ -131,7 +131,7 @@ class HFEngine:
         differ = [k for k, t in tensors.items() if not torch.equal(held[k], t.to(held[k].device, held[k].dtype))]
         if differ:
             raise WeightSyncError(f"after reload the engine holds different values for {differ[:5]}")
-        self._sha = resolved(sha256)
+        self._sha = sha256  # a future is waited for by weights_sha256()
         self.last_readback = len(tensors)
         return self._sha
 
@@ -154,7 +154,7 @@ class HFEngine:
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def weights_sha256(self) -> str:
-        return self._sha
+        return resolved(self._sha)
 
     def close(self) -> None:
         del self.model

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlpipe.rollout.base import WeightSyncError
+from rlpipe.rollout.base import WeightSyncError, resolved
 from rlpipe.threads import on_thread
 
 __all__ = ["ProbeBatch", "SyncProof", "build_probe", "default_tolerance", "load_policy", "max_gap"]
@@ -116,14 +116,16 @@ class SyncProof:
 
 
 def load_policy(engine: Any, folder: str | Path | None, weights_sha256: str | None, iteration: int, *,
-                adapter_sha256: str | None = None, trainer: Any = None) -> str:
+                adapter_sha256: str | None = None, trainer: Any = None, meanwhile: Callable[[], Any] | None = None) -> str:
     """Put the trainer's new policy on the engine and check the hash it reports; returns the engine's hash.
 
     ``adapter_sha256`` (an engine started for adapter syncs): only the adapter in ``folder`` moves, and the
     adapter the engine read must be the trainer's. ``trainer`` and an engine that takes tensors: the trainer's
     tensors are handed over in memory (an in-process trainer's own; a trainer service's streamed from it), hashed
     once after the update, on a thread while the engine takes them. Else the engine reloads the weights of
-    ``folder``. ``weights_sha256``: the hash the update reported; None where it left the hash to the trainer."""
+    ``folder``. ``weights_sha256``: the hash the update reported; None where it left the hash to the trainer.
+    ``meanwhile``: called once the engine holds the handed tensors (read back, every value equal) and before the
+    hash is waited for (the probe: it needs the weights in, not their hash); not called on the other paths."""
     if adapter_sha256 is not None:
         version = weights_sha256 or trainer.policy_tensors()[0]
         got = engine.load_adapter(Path(folder), version)
@@ -134,10 +136,12 @@ def load_policy(engine: Any, folder: str | Path | None, weights_sha256: str | No
     if trainer is not None and hasattr(engine, "load_tensors"):
         digest, tensors = trainer.handoff()
         held = engine.load_tensors(tensors, digest)
+        if meanwhile is not None:
+            meanwhile()
         if weights_sha256 is not None and digest.result() != weights_sha256:
             raise WeightSyncError(f"iteration {iteration}: the trainer holds {digest.result()[:12]}, its update "
                                   f"reported {weights_sha256[:12]}: its weights changed after the update")
-        return _checked(engine, held, digest.result(), iteration)
+        return _checked(engine, resolved(held), digest.result(), iteration)
     if folder is None or weights_sha256 is None:
         raise WeightSyncError(f"iteration {iteration}: engine {engine.name} takes weights only from a folder, and "
                               "this update wrote none (not a save point)")

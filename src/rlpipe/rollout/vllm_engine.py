@@ -300,14 +300,14 @@ class VLLMEngine:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
         return self._load_tensors(tensors, weights_sha256(tensors))
 
-    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> str:
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> Digest:
         """The trainer's tensors in memory, hashed by the caller once (see :meth:`RolloutEngine.load_tensors`)."""
         if not tensors:
             raise WeightSyncError("no tensors handed over")
         with self._lock:
             return self._load_tensors(tensors, sha256)
 
-    def _load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> str:
+    def _load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> Digest:
         consumed: set[str] = set()
 
         def stream():
@@ -329,7 +329,7 @@ class VLLMEngine:
         if compared == 0:  # a read-back that compared nothing proves nothing (the probe must cover it all)
             raise WeightSyncError(f"the read-back after reload compared no tensor of {len(tensors)}: names or layout "
                                   "of the engine's parameters no longer match the checkpoint's")
-        self._sha, self._lora = resolved(sha256), None  # whole weights: no adapter on them
+        self._sha, self._lora = sha256, None  # whole weights: no adapter on them; a future: see weights_sha256()
         self.last_readback = compared
         return self._sha
 
@@ -378,7 +378,7 @@ class VLLMEngine:
         return str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
 
     def weights_sha256(self) -> str:
-        return self._sha
+        return resolved(self._sha)
 
     def close(self) -> None:
         import gc
