@@ -93,11 +93,11 @@ def raise_alerts(config: RunConfig, run_id: str, iteration: int, alerts: list[di
     return None
 
 
-def install_automations(path: Path = AUTOMATIONS_FILE) -> list[tuple[str, str]]:
+def install_automations(path: Path = AUTOMATIONS_FILE, audit: Any = None) -> list[tuple[str, str]]:
     """Create or update (by name) every automation in ``path`` on the current Prefect API; returns
-    (name, "created" | "updated") pairs. Repeatable: a second install changes nothing but the definitions."""
+    (name, "created" | "updated") pairs. Repeatable: a second install changes nothing but the definitions.
+    ``audit`` (an :class:`rlpipe.audit.AuditLog`) records the install, once all are valid, before any is written."""
     import yaml
-    from prefect.client.orchestration import get_client
     from prefect.events.schemas.automations import AutomationCore
 
     data = yaml.safe_load(Path(path).read_text())
@@ -111,6 +111,18 @@ def install_automations(path: Path = AUTOMATIONS_FILE) -> list[tuple[str, str]]:
         except Exception as e:
             name = item.get("name", "?") if isinstance(item, dict) else "?"
             raise ValueError(f"{path}: automation #{k} ({name}) is not valid: {e}") from None
+    if audit is None:
+        return _install(autos)
+    from prefect.settings import PREFECT_API_URL
+
+    with audit.change("automations.install", {"prefect_api": str(PREFECT_API_URL.value() or "ephemeral"), "file": str(path)},
+                      {"automations": [a.name for a in autos]}):
+        return _install(autos)
+
+
+def _install(autos: list[Any]) -> list[tuple[str, str]]:
+    from prefect.client.orchestration import get_client
+
     done = []
     with get_client(sync_client=True) as client:
         for auto in autos:

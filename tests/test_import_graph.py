@@ -121,7 +121,8 @@ def test_config_envs_and_the_registries_are_in_no_import_cycle():
 # The layers of rlpipe's packages and top-level modules, lowest first: a module imports only from its own
 # package or from a lower layer. A new package or module takes its place here.
 LAYERS = (
-    ("yamlio", "registry", "jsonl", "net", "procs", "http_client", "tokens", "progress", "sandbox", "eta", "threads"),
+    ("yamlio", "registry", "jsonl", "net", "procs", "http_client", "tokens", "progress", "sandbox", "eta", "threads",
+     "audit"),
     ("algorithms", "envs", "summary"),
     ("config", "rewards"),
     ("storage", "guards", "stack"),

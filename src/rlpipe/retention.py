@@ -178,12 +178,29 @@ def plan(cfg: RetentionConfig, store: ObjectStore, client: Any, now: float | Non
     return out
 
 
-def apply(p: Plan, store: ObjectStore, client: Any) -> None:
-    """Carry the plan out: registry versions first, then the store's prefixes."""
-    for item in p.delete:
-        if item.kind == "model-version":
-            name, version = item.target.rsplit("/", 1)
-            client.delete_model_version(name, version)
-    for item in p.delete:
-        if item.kind != "model-version":
-            store.delete(item.target)
+def apply(p: Plan, store: ObjectStore, client: Any, audit: Any = None) -> None:
+    """Carry the plan out: registry versions first, then the store's prefixes. ``audit`` (an
+    :class:`rlpipe.audit.AuditLog`) records the deletions first, as one ``gc.delete`` record, and tags each
+    registered model that lost a version; a plan whose record cannot be written deletes nothing."""
+    if not p.delete:
+        return
+    versions = [i.target for i in p.delete if i.kind == "model-version"]
+    prefixes = [i.target for i in p.delete if i.kind != "model-version"]
+    if audit is None:
+        return _delete(versions, prefixes, store, client)
+    from rlpipe.audit import set_tag
+
+    target = {"store": store.url(""), "model_versions": versions, "prefixes": prefixes}
+    with audit.change("gc.delete", target, {"freed_bytes": p.freed_bytes(),
+                                            "reasons": {i.target: i.reason for i in p.delete}}) as rec:
+        _delete(versions, prefixes, store, client)
+    for name in sorted({v.rsplit("/", 1)[0] for v in versions}):
+        set_tag(lambda k, v, name=name: client.set_registered_model_tag(name, k, v), rec, name)
+
+
+def _delete(versions: list[str], prefixes: list[str], store: ObjectStore, client: Any) -> None:
+    for target in versions:
+        name, version = target.rsplit("/", 1)
+        client.delete_model_version(name, version)
+    for prefix in prefixes:
+        store.delete(prefix)

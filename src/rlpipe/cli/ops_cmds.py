@@ -1,5 +1,6 @@
-"""Operating rlpipe: ``rlpipe doctor`` (check every component a config uses), ``gc`` (apply retention),
-``up | status | down`` (the local stack) and ``automations install`` (Prefect automations on rlpipe's alerts)."""
+"""Operating rlpipe: ``rlpipe doctor`` (check every component a config uses), ``gc`` (apply retention), ``audit``
+(who changed shared state, and when), ``up | status | down`` (the local stack) and ``automations install``
+(Prefect automations on rlpipe's alerts)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def gc_cmd(
     """Apply CONFIG's retention (retention.keep_checkpoints, retention.trajectory_days) to the object store and
     the model registry. Never deletes a checkpoint a registry alias points to, a run's resume point, a model
     version a run's config names, or the trajectories of an unfinished iteration."""
+    from rlpipe.audit import AuditError
     from rlpipe.retention import apply, plan
     from rlpipe.storage import open_store
     from rlpipe.tracking.mlflow_utils import Tracker
@@ -60,11 +62,54 @@ def gc_cmd(
     for line in p.lines("would" if dry_run else "delete"):
         typer.echo(line)
     if not dry_run:
-        apply(p, store, client)
+        prefect_env()
+        from tasks.audit import audit_log
+
+        with refused("rlpipe gc", (AuditError,), code=1):
+            apply(p, store, client, audit_log(store, s))
     n = {k: sum(i.kind == k for i in p.delete) for k in ("checkpoint", "trajectories", "model-version")}
     typer.echo(f"{'would free' if dry_run else 'freed'} {p.freed_bytes() / 2**20:.1f} MiB in {store.url('')}: "
                f"{n['checkpoint']} checkpoint(s), {n['trajectories']} iteration(s) of trajectories, "
                f"{n['model-version']} registry version(s){' (dry run: nothing deleted)' if dry_run else ''}")
+
+
+def audit_cmd(
+    config: ConfigArg = None, set_: SetOpt = None,
+    since: Annotated[Optional[str], typer.Option(help="Only records from then on: a duration back (90m, 12h, 7d, 2w) "
+                                                      "or a UTC date/time (2026-12-01, 2026-12-01T09:30).")] = None,
+    action: Annotated[Optional[str], typer.Option(help="Only this action, or actions under it (alias: alias.move "
+                                                       "and alias.promote).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON record a line instead of the table.")] = False,
+) -> None:
+    """The audit trail in CONFIG's object store: who (identity, user@host) changed what shared state (alias
+    moves and promotions, gc deletions, resumes with a config change, cancels, automations) and when, oldest first."""
+    from rlpipe.audit import AuditLog, parse_since
+    from rlpipe.storage import open_store
+
+    cfg = load(config, set_)
+    with refused("rlpipe audit", (ValueError,)):
+        when = parse_since(since) if since else None
+        s = settings()
+        records = AuditLog(open_store(s.resolve_storage_uri(cfg), s), actor={}).read(when, action)
+    for rec in records:
+        typer.echo(rec.line() if as_json else audit_row(rec))
+    if not as_json:
+        typer.echo(f"{len(records)} record(s)" + (f" since {when:%Y-%m-%d %H:%M:%S} UTC" if when else ""), err=True)
+
+
+def audit_row(rec) -> str:
+    """One record as a line: time, action, status, who, what, how."""
+    who = f"{rec.who.get('identity', '?')} ({rec.who.get('user', '?')}@{rec.who.get('host', '?')})"
+    what = " ".join(f"{k}={_brief(v)}" for k, v in rec.target.items() if v not in ("", None, []))
+    how = " ".join(f"{k}={_brief(v)}" for k, v in rec.details.items() if k != "reasons")
+    status = rec.status if rec.ref is None else f"{rec.status} (of {rec.ref[:8]})"
+    return f"{rec.time[:19]}Z  {rec.action:20s} {status:8s} {who}  {what}  {how}"
+
+
+def _brief(v) -> str:
+    if isinstance(v, list):
+        return f"[{len(v)}: {', '.join(map(str, v[:3]))}{', …' if len(v) > 3 else ''}]"
+    return str(v)
 
 
 def up_cmd(
@@ -115,9 +160,11 @@ def automations_install(
     """Create or update, by name, the Prefect automations that act on rlpipe's alerts (cancel a run on a
     critical alert; pause its deployment) on the Prefect API in PREFECT_API_URL. Safe to repeat."""
     prefect_env()
+    from rlpipe.audit import AuditError
     from tasks.alerts import AUTOMATIONS_FILE, install_automations
+    from tasks.audit import audit_log
 
-    with refused("rlpipe automations install", (OSError, ValueError)):
-        done = install_automations(file or AUTOMATIONS_FILE)
+    with refused("rlpipe automations install", (OSError, ValueError, AuditError)):
+        done = install_automations(file or AUTOMATIONS_FILE, audit_log())
     for name, what in done:
         typer.echo(f"{what:8s} {name}")
