@@ -54,23 +54,30 @@ class _Skip(Exception):
 
 
 def _object_store(cfg: RunConfig, s: Settings) -> str:
+    from rlpipe.storage.credentials import S3CredentialsError, resolve_s3_credentials
     from rlpipe.storage.store import open_store
 
     uri = s.resolve_storage_uri(cfg)
     fix = (f"start the S3 server behind {s.s3_endpoint_url or 'the default AWS endpoint'} or fix RLPIPE_S3_ENDPOINT_URL "
-           "and the keys (RLPIPE_S3_ACCESS_KEY_ID / RLPIPE_S3_SECRET_ACCESS_KEY)" if uri.startswith("s3://")
+           "and the keys (RLPIPE_S3_ACCESS_KEY_ID / RLPIPE_S3_SECRET_ACCESS_KEY, and RLPIPE_S3_SESSION_TOKEN for "
+           "temporary credentials: a token that is wrong or expired is refused), or unset them to use botocore's "
+           "chain (AWS_PROFILE, instance profile, container credentials)" if uri.startswith("s3://")
            else f"make {uri} a writable folder, or set RLPIPE_STORAGE_URI / storage.uri")
-    key, data = f"_doctor/{uuid.uuid4().hex}.txt", os.urandom(64)
+    key, data, who = f"_doctor/{uuid.uuid4().hex}.txt", os.urandom(64), ""
     try:
+        if uri.startswith("s3://"):  # the identity by its key id only: never the secret or the token
+            who = f" as {resolve_s3_credentials(s).describe}"
         store = open_store(uri, s)
         store.put_bytes(key, data)
         back = store.get_bytes(key)
         store.delete(key)
+    except S3CredentialsError as e:  # its message names what was tried and the fix
+        raise _Fail(f"{uri}: no usable S3 credentials", str(e)) from None
     except Exception as e:  # noqa: BLE001 - every failure of the store is this component's
-        raise _Fail(f"{uri}: {type(e).__name__}: {str(e)[:200]}", fix) from None
+        raise _Fail(f"{uri}{who}: {type(e).__name__}: {str(e)[:200]}", fix) from None
     if back != data:
         raise _Fail(f"{uri}: read back {len(back)} bytes that differ from the {len(data)} written", fix)
-    return f"{uri}: wrote, read back and deleted a probe object"
+    return f"{uri}{who}: wrote, read back and deleted a probe object"
 
 
 def _mlflow_client(cfg: RunConfig, s: Settings):

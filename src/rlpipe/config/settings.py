@@ -24,6 +24,11 @@ class Settings(BaseModel):
     s3_secret_access_key: str | None = Field(
         None, description="RLPIPE_S3_SECRET_ACCESS_KEY (else AWS_SECRET_ACCESS_KEY)", repr=False
     )
+    s3_session_token: str | None = Field(
+        None, description="RLPIPE_S3_SESSION_TOKEN (else AWS_SESSION_TOKEN, with AWS_* keys): temporary credentials",
+        repr=False)
+    s3_key_source: str | None = Field(
+        None, description="where the keys came from: 'RLPIPE_S3_' or 'AWS_' (the prefix of their variables)")
     s3_region: str | None = Field(None, description="RLPIPE_S3_REGION (else AWS_DEFAULT_REGION)")
     verifier_url: str | None = Field(None, description="RLPIPE_VERIFIER_URL: score through the verifier service")
     env_url: str | None = Field(None, description="RLPIPE_ENV_URL: agent runs step their environments through this service")
@@ -71,8 +76,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         storage_uri=env.get("RLPIPE_STORAGE_URI") or None,
         tracking_uri=env.get("RLPIPE_TRACKING_URI") or None,
         s3_endpoint_url=env.get("RLPIPE_S3_ENDPOINT_URL") or None,
-        s3_access_key_id=env.get("RLPIPE_S3_ACCESS_KEY_ID") or env.get("AWS_ACCESS_KEY_ID") or None,
-        s3_secret_access_key=env.get("RLPIPE_S3_SECRET_ACCESS_KEY") or env.get("AWS_SECRET_ACCESS_KEY") or None,
+        **_s3_keys(env),
         s3_region=env.get("RLPIPE_S3_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         verifier_url=env.get("RLPIPE_VERIFIER_URL") or None,
         env_url=env.get("RLPIPE_ENV_URL") or None,
@@ -80,3 +84,15 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         rollout_urls=tuple(u.strip() for u in env.get("RLPIPE_ROLLOUT_URL", "").split(",") if u.strip()),
         trainer_url=env.get("RLPIPE_TRAINER_URL") or None,
     )
+
+
+def _s3_keys(env) -> dict[str, str | None]:
+    """The S3 key id, secret and session token from one source, never mixed: RLPIPE_S3_* if either key is set
+    there, else AWS_*. A token belongs to the key id it was issued with, so a shell's AWS_SESSION_TOKEN never
+    rides along with RLPIPE_S3_* keys meant for another endpoint. None of them: botocore's default chain."""
+    for prefix in ("RLPIPE_S3_", "AWS_"):
+        key, secret = env.get(f"{prefix}ACCESS_KEY_ID") or None, env.get(f"{prefix}SECRET_ACCESS_KEY") or None
+        if key or secret:
+            return {"s3_access_key_id": key, "s3_secret_access_key": secret,
+                    "s3_session_token": env.get(f"{prefix}SESSION_TOKEN") or None, "s3_key_source": prefix}
+    return {}

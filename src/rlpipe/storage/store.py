@@ -31,10 +31,11 @@ import pyarrow.parquet as pq
 
 from rlpipe.config import Settings, settings as read_settings
 from rlpipe.storage.atomic import copy_atomic, link_atomic, write_atomic
+from rlpipe.storage.credentials import S3CredentialsError, resolve_s3_credentials
 
 MANIFEST = "_manifest.json"
 
-__all__ = ["MANIFEST", "ObjectStore", "StageNotFound", "StageCorrupt", "open_store"]
+__all__ = ["MANIFEST", "ObjectStore", "S3CredentialsError", "StageNotFound", "StageCorrupt", "open_store"]
 
 
 class StageNotFound(FileNotFoundError):
@@ -268,8 +269,9 @@ def conform(table: pa.Table, schema: pa.Schema, where: str = "table") -> pa.Tabl
 def open_store(uri: str | None = None, cfg_settings: Settings | None = None) -> ObjectStore:
     """Open a local folder (path or file://) or an S3 prefix (s3://bucket/prefix).
 
-    S3 endpoint and keys come from RLPIPE_S3_ENDPOINT_URL / RLPIPE_S3_ACCESS_KEY_ID /
-    RLPIPE_S3_SECRET_ACCESS_KEY (AWS_* as fallback).
+    The S3 endpoint comes from RLPIPE_S3_ENDPOINT_URL; credentials from RLPIPE_S3_ACCESS_KEY_ID /
+    RLPIPE_S3_SECRET_ACCESS_KEY / RLPIPE_S3_SESSION_TOKEN (AWS_* as fallback), else botocore's default chain
+    (see :mod:`rlpipe.storage.credentials`); none at all is an :class:`S3CredentialsError` naming the fix.
     """
     s = cfg_settings or read_settings()
     uri = uri or s.resolve_storage_uri()
@@ -282,8 +284,7 @@ def open_store(uri: str | None = None, cfg_settings: Settings | None = None) -> 
         if s.s3_region:
             client_kwargs["region_name"] = s.s3_region
         fs = s3fs.S3FileSystem(
-            key=s.s3_access_key_id,
-            secret=s.s3_secret_access_key,
+            **resolve_s3_credentials(s).fs_kwargs(),
             client_kwargs=client_kwargs,
             config_kwargs={"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}},
             use_listings_cache=False,
