@@ -98,7 +98,9 @@ def _s3(d: Path) -> tuple[Component, dict[str, str], S3Admin]:
            *(f"-{k if '.' in k else k + '.port'}={v}" for k, v in ports.items())]
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     env = {"RLPIPE_STORAGE_URI": f"s3://{BUCKET}/store", "RLPIPE_S3_ENDPOINT_URL": endpoint,
-           "RLPIPE_S3_ACCESS_KEY_ID": access, "RLPIPE_S3_SECRET_ACCESS_KEY": secret, "RLPIPE_S3_REGION": "us-east-1"}
+           "RLPIPE_S3_ACCESS_KEY_ID": access, "RLPIPE_S3_SECRET_ACCESS_KEY": secret, "RLPIPE_S3_REGION": "us-east-1",
+           # Long-lived keys of this SeaweedFS: a session token left in the shell is for another store.
+           "RLPIPE_S3_SESSION_TOKEN": ""}
     return Component("s3", cmd, f"s3:{endpoint}", endpoint), env, admin
 
 
