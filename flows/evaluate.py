@@ -15,12 +15,15 @@ from typing import Any, Literal, Optional
 
 from prefect import flow
 
+from rlpipe.audit import move_alias
 from rlpipe.config import RunConfig, settings
 from rlpipe.evaluation import compare
 from rlpipe.runs import new_run_id, write_summary
+from rlpipe.storage import open_store
 from rlpipe.storage.layout import check_run_id
 from rlpipe.tracking.mlflow_utils import Tracker
 from tasks._log import run_logger
+from tasks.audit import audit_log
 from tasks.data import prepare_dataset
 from rlpipe.eval_suite import load_suite
 from tasks.evaluate import Candidate, config_for, evaluate_models, log_evaluation, log_suite, resolve_candidate, run_suite
@@ -154,8 +157,10 @@ def _promote(config: RunConfig, candidate: Candidate, alias: str | None, result:
         return False, "report only (no promote_to)"
     better, why = compare(result["accuracy"], base_result["accuracy"] if base_result else None)
     if better:
-        tracker = Tracker(settings(), config)
-        tracker.set_alias(candidate.name, alias, candidate.version)
+        s = settings()
+        tracker = Tracker(s, config)
+        move_alias(audit_log(open_store(s.resolve_storage_uri(config), s), s), tracker, candidate.name, alias,
+                   candidate.version, action="alias.promote", why=f"validation accuracy {result['accuracy']:.4f}: {why}")
         tracker.client.set_model_version_tag(candidate.name, candidate.version, f"promoted_to_{alias}", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         return True, f"@{alias} → {candidate.label}: {why}"
     return False, f"@{alias} stays: {why}"

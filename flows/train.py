@@ -15,6 +15,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
 from flows.iteration import iteration, record_behind
+from rlpipe.audit import AuditError, set_tag
 from rlpipe.config import RunConfig
 from rlpipe.eta import Eta
 from rlpipe.guards import NonFiniteUpdate, RewardCircuitOpen
@@ -25,6 +26,7 @@ from rlpipe.runtime.assembly import ServicesStarted
 from rlpipe.storage.layout import check_run_id
 from tasks._log import run_logger
 from tasks.alerts import cancel_requested, raise_alerts
+from tasks.audit import audit_log
 from tasks.data import prepare_dataset
 from tasks.preflight import preflight_task
 from tasks.rl import evaluate, start_services
@@ -153,7 +155,7 @@ def _loop(ctx: RunContext, mlflow_run: str, dataset_version: str, first: int) ->
     for k in range(first, config.train.total_iterations):
         if reason := cancel_requested(flow_run.id):  # the UI, the CLI or an automation, between iterations
             record_behind(ctx, mlflow_run, dataset_version)
-            return _cancelled(config, run_id, mlflow_run, k - 1, reason)
+            return _cancelled(ctx, mlflow_run, k - 1, reason)
         out = _iteration(config, run_id, k, mlflow_run, dataset_version)
         now = time.perf_counter()
         _account_outer_time(ctx, k, mlflow_run, out["metrics"], now - mark)
@@ -161,7 +163,7 @@ def _loop(ctx: RunContext, mlflow_run: str, dataset_version: str, first: int) ->
         run_logger().info("run %s: iteration %s", run_id, eta.tick(k + 1))
         if reason := raise_alerts(config, run_id, k, out["alerts"]):
             record_behind(ctx, mlflow_run, dataset_version)
-            return _cancelled(config, run_id, mlflow_run, k, reason)
+            return _cancelled(ctx, mlflow_run, k, reason)
     return None
 
 
@@ -215,11 +217,24 @@ def _iteration(config: RunConfig, run_id: str, k: int, mlflow_run: str, dataset_
         raise
 
 
-def _cancelled(config: RunConfig, run_id: str, mlflow_run: str, last: int, reason: str) -> State:
-    """The run stops resumably: its MLflow run is marked KILLED, its flow run ends Cancelled."""
+def _cancelled(ctx: RunContext, mlflow_run: str, last: int, reason: str) -> State:
+    """The run stops resumably: its MLflow run is marked KILLED, its flow run ends Cancelled. The cancel (an
+    automation's, the UI's, the CLI's) is in the audit log as ``run.cancel``; it was made before this run saw
+    it, so a record that cannot be written is an error in the log, and the run still stops."""
+    config, run_id = ctx.config, ctx.run_id
     msg = (f"run {run_id} cancelled after iteration {last} ({reason}); its progress is saved: "
            f"resume with `rlpipe run --run-id {run_id}`")
     run_logger().warning(msg)
+    audit = audit_log(ctx.store, ctx.settings)
+    try:
+        rec = audit.write("run.cancel", {"run_id": run_id, "mlflow_run_id": mlflow_run or ""},
+                          {"after_iteration": last, "reason": reason})
+    except AuditError as e:
+        run_logger().error("%s", e)
+    else:
+        audit.announce(rec)
+        if mlflow_run:
+            set_tag(lambda k, v: ctx.tracker.client.set_tag(mlflow_run, k, v), rec, f"MLflow run {mlflow_run}")
     end_tracking(config, mlflow_run, "KILLED")
     return Cancelled(message=msg)
 
@@ -254,15 +269,20 @@ def _check_reward_model(run_id: str, progress: Progress, started: ServicesStarte
 
 
 def _record_change(ctx: RunContext, mlflow_run: str, progress: Progress, changes: list[str]) -> None:
-    """An allowed config change: a tag on the MLflow run, a line in the log, the new config in the progress."""
+    """An allowed config change: a record in the audit log first (a change that cannot be audited is refused:
+    :class:`rlpipe.audit.AuditError`), a tag on the MLflow run, a line in the log, the new config in the progress."""
     run_id, at = ctx.run_id, progress.completed_iteration + 1
-    ctx.tracker.client.set_tag(mlflow_run, f"rlpipe.config_change.iter{at}", "; ".join(changes)[:4900])
+    with audit_log(ctx.store, ctx.settings).change(
+            "resume.config_change", {"run_id": run_id, "mlflow_run_id": mlflow_run or ""},
+            {"iteration": at, "changes": changes}) as rec:
+        ctx.tracker.client.set_tag(mlflow_run, f"rlpipe.config_change.iter{at}", "; ".join(changes)[:4900])
+        if progress.started:
+            ctx.folder.write_progress(progress.but(
+                config=ctx.config.flat(), resume_fingerprint=ctx.resume_fingerprint, config_fingerprint=ctx.fingerprint,
+                config_changes=progress.config_changes + [{"iteration": at, "changes": changes}]))
+    set_tag(lambda k, v: ctx.tracker.client.set_tag(mlflow_run, k, v), rec, f"MLflow run {mlflow_run}")
     run_logger().warning("run %s resumes at iteration %d with %d config change(s) (--allow-config-change): %s",
                          run_id, at, len(changes), "; ".join(changes))
-    if progress.started:
-        ctx.folder.write_progress(progress.but(
-            config=ctx.config.flat(), resume_fingerprint=ctx.resume_fingerprint, config_fingerprint=ctx.fingerprint,
-            config_changes=progress.config_changes + [{"iteration": at, "changes": changes}]))
 
 
 def _logged_already(ctx: RunContext, mlflow_run: str) -> None:

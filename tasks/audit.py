@@ -4,7 +4,6 @@ runs in."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from typing import Any
 
@@ -46,12 +45,14 @@ def _prefect_actor() -> dict[str, str | None]:
 
 def audit_log(store: Any = None, s: Settings | None = None) -> AuditLog:
     """This process's audit log in ``store`` (default: the settings' store). Events go out inside a flow run and
-    wherever a Prefect API is configured (``PREFECT_API_URL``); a command run outside both sends none, rather
+    wherever a Prefect API is configured (``PREFECT_API_URL``, in the environment or the profile); a command run outside both sends none, rather
     than starting an ephemeral Prefect server to hold one event (the store's record is written either way)."""
+    from prefect.settings import PREFECT_API_URL
+
     from rlpipe.storage import open_store
 
     s = s or settings()
     extra = _prefect_actor()
-    events = bool(extra["prefect_flow_run_id"] or os.environ.get("PREFECT_API_URL"))
+    events = bool(extra["prefect_flow_run_id"] or PREFECT_API_URL.value())
     return AuditLog(store if store is not None else open_store(None, s), actor=who(s, extra),
                     emit=emit_audit_event if events else None)

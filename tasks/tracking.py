@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from rlpipe.audit import move_alias
 from rlpipe.config import RunConfig, settings
 from rlpipe.runtime import find_context
-from rlpipe.tracking.mlflow_utils import PROMOTION_ALIASES, Tracker
+from rlpipe.tracking.mlflow_utils import PROMOTION_ALIASES, Tracker, mlflow_alias
 from tasks._log import run_logger
 
 
@@ -54,7 +55,7 @@ def register_checkpoint(
     accuracy). Validation and test accuracy are tags; the test split is never a selection criterion.
 
     An iteration redone after a kill finds its version (same run, iteration and weights) and returns it
-    without registering again or moving an alias. ``model_name`` defaults to the policy's registry name."""
+    without registering again (:func:`_redone`). Each alias move is in the audit log (:mod:`rlpipe.audit`). ``model_name`` defaults to the policy's registry name."""
     if protected := PROMOTION_ALIASES & set(aliases):
         raise ValueError(f"alias {sorted(protected)} moves only through the evaluate flow (validation split), not on registration")
     if not config.tracking.register_models:
@@ -66,12 +67,7 @@ def register_checkpoint(
     name = model_name or config.registered_model
     existing = _registered(tracker, name, run_id, iteration)
     if existing is not None:
-        if existing.tags.get("weights_sha256") != checkpoint["weights_sha256"]:
-            raise RuntimeError(
-                f"{name} v{existing.version} is run {run_id}'s iteration {iteration} with weights "
-                f"{existing.tags.get('weights_sha256', '')[:12]}, the redone iteration made {checkpoint['weights_sha256'][:12]}: "
-                "the redo was not deterministic; the registered version is kept")
-        return asdict(existing)
+        return asdict(_redone(config, ctx, tracker, existing, checkpoint, aliases, run_id, iteration))
     parent = _parent_version(tracker, name, run_id, iteration, config.task.policy_model)
     extra = {k: f"{v:.6f}" for k, v in (("validation_accuracy", accuracy), ("test_accuracy", test_accuracy)) if v is not None}
     extra |= {"kind": "policy", "prefect_flow_run_id": str(flow_run.get_id() or ""), "mlflow_run_id": mlflow_run_id or ""} | (extra_tags or {})
@@ -79,14 +75,60 @@ def register_checkpoint(
         name, checkpoint["checkpoint_uri"], mlflow_run_id, rlpipe_run_id=run_id, iteration=iteration,
         config_fingerprint=config.fingerprint(), dataset_version=dataset_version,
         weights_sha256=checkpoint["weights_sha256"], parent_version=parent,
-        aliases=aliases, extra_tags=extra,
+        aliases=(), extra_tags=extra,
     )
+    mv = replace(mv, aliases=_move_aliases(config, ctx, tracker, mv, aliases, f"run {run_id} iteration {iteration}"))
     if promote_best and accuracy is not None:
         best = tracker.version_by_alias(name, "best")
         if accuracy > (float(best.tags.get("validation_accuracy", "-1")) if best else -1.0):
-            tracker.set_alias(name, "best", mv.version)
+            move_alias(_audit(config, ctx), tracker, name, "best", mv.version, action="alias.promote",
+                       why=f"validation pair accuracy {accuracy:.4f} beats @best's")
     announce_registration(mv, kind=extra.get("kind", "policy"))
     return asdict(mv)
+
+
+def _redone(config: RunConfig, ctx: Any, tracker: Tracker, existing: Any, checkpoint: dict[str, Any],
+            aliases: tuple[str, ...], run_id: str, iteration: int) -> Any:
+    """A redone iteration's version, registered before: the same weights or an error; an alias the first try
+    did not move (it failed between the version and the move) moves now, forward only."""
+    name = existing.name
+    if existing.tags.get("weights_sha256") != checkpoint["weights_sha256"]:
+        raise RuntimeError(
+            f"{existing.name} v{existing.version} is run {run_id}'s iteration {iteration} with weights "
+            f"{existing.tags.get('weights_sha256', '')[:12]}, the redone iteration made {checkpoint['weights_sha256'][:12]}: "
+            "the redo was not deterministic; the registered version is kept")
+    pending = tuple(a for a in aliases if mlflow_alias(a) not in existing.aliases
+                    and _behind(tracker, name, a, run_id, iteration))
+    if pending:  # the first try registered, then failed before its aliases moved (its audit record, say)
+        moved = _move_aliases(config, ctx, tracker, existing, pending, f"run {run_id} iteration {iteration}")
+        existing = replace(existing, aliases=tuple(existing.aliases) + moved)
+    return existing
+
+
+def _audit(config: RunConfig, ctx: Any) -> Any:
+    """The audit log in the run's store (the run context's where one is registered)."""
+    from rlpipe.storage import open_store
+    from tasks.audit import audit_log
+
+    s = settings()
+    return audit_log(ctx.store if ctx is not None else open_store(s.resolve_storage_uri(config), s), s)
+
+
+def _move_aliases(config: RunConfig, ctx: Any, tracker: Tracker, mv: Any, aliases: tuple[str, ...], why: str
+                  ) -> tuple[str, ...]:
+    """Point each alias at the new version, each move in the audit log first (an alias that cannot be audited
+    does not move: :class:`rlpipe.audit.AuditError`)."""
+    audit = _audit(config, ctx) if aliases else None
+    for alias in aliases:
+        move_alias(audit, tracker, mv.name, alias, mv.version, why=f"registered {why}")
+    return tuple(mlflow_alias(a) for a in aliases)
+
+
+def _behind(tracker: Tracker, name: str, alias: str, run_id: str, iteration: int) -> bool:
+    """Whether ``alias`` is missing or holds an earlier iteration of this run: a redone registration moves it on,
+    never back, nor away from another run's version."""
+    holder = tracker.version_by_alias(name, alias)
+    return holder is None or (holder.tags.get("run_id") == run_id and int(holder.tags.get("iteration", "-1")) < iteration)
 
 
 def announce_registration(mv: Any, kind: str) -> None:
