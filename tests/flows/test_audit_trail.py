@@ -198,3 +198,21 @@ def test_installing_the_automations_is_audited(prefect_harness, store_uri):
                 if auto.name.startswith("rlpipe-"):
                     client.delete_automation(auto.id)
     assert Path(store_uri).is_dir()
+
+
+def test_a_registration_whose_alias_move_could_not_be_audited_moves_it_on_the_retry(prefect_harness, store_uri, tmp_path):
+    cfg = config("auditretry")
+    store = open_store()
+    store.put_bytes("audit", b"not a folder")
+    with pytest.raises(AuditError, match="alias.move on model=rlpipe-auditretry"):
+        register(cfg, "audit-retry", 0, str(tmp_path))
+    tracker = Tracker(settings(), cfg)
+    (mv,) = tracker.client.search_model_versions(f"name='{cfg.registered_model}'")
+    assert tracker.version_by_alias(cfg.registered_model, "latest") is None  # registered, not moved: not audited
+
+    store.delete("audit")  # the store is fixed; the task's retry finds its version and finishes the move
+    again = register(cfg, "audit-retry", 0, str(tmp_path))
+    assert again["version"] == str(mv.version) and "last" in again["aliases"]
+    assert tracker.version_by_alias(cfg.registered_model, "latest").version == str(mv.version)
+    (rec,) = audit_json("--action", "alias")
+    assert rec["target"]["version"] == str(mv.version) and rec["details"]["from"] is None
