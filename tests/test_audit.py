@@ -77,7 +77,7 @@ def test_a_failed_change_adds_a_failed_record_and_an_unwritable_log_stops_the_ch
     broken = AuditLog(open_store(str(tmp_path / "broken")))
     (tmp_path / "broken" / "audit").write_text("a file where the log's folder should be")
     changed = []
-    with pytest.raises(AuditError, match=r"alias.promote on model=m.*could not be written.*nothing was changed"):
+    with pytest.raises(AuditError, match=r"alias.promote on model=m.*could not be written.*the change was not made"):
         with broken.change("alias.promote", {"model": "m", "alias": "best", "version": "4"}):
             changed.append(1)
     assert not changed

@@ -124,8 +124,8 @@ class AuditLog:
             self.store.put_bytes(rec.key, (rec.line() + "\n").encode())
         except Exception as e:  # noqa: BLE001 - any store failure means: no record
             raise AuditError(f"{action} on {_short(target)}: the audit record could not be written to "
-                             f"{self.store.url(rec.key)} ({type(e).__name__}: {e}); nothing was changed. Make the "
-                             "store writable (credentials, RLPIPE_STORAGE_URI) and run it again") from e
+                             f"{self.store.url(rec.key)} ({type(e).__name__}: {e}). Make the store writable "
+                             "(credentials, RLPIPE_STORAGE_URI)") from e
         return rec
 
     @contextmanager
@@ -133,7 +133,10 @@ class AuditLog:
                ) -> Iterator[AuditRecord]:
         """Record, then make the change (the ``with`` body); a body that raises adds a ``failed`` record. The event
         is sent after a change that went through."""
-        rec = self.write(action, target, details)
+        try:
+            rec = self.write(action, target, details)
+        except AuditError as e:
+            raise AuditError(f"{e}, then run it again: the change was not made") from e.__cause__
         try:
             yield rec
         except BaseException as e:
