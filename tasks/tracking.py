@@ -65,6 +65,7 @@ def register_checkpoint(
     ctx = find_context(run_id)  # an RL run's tracker, made once; SFT and reward-model fits make their own
     tracker = ctx.tracker if ctx is not None else Tracker(settings(), config)
     name = model_name or config.registered_model
+    aliases = _held_back(tracker, name, run_id, iteration, aliases)
     existing = _registered(tracker, name, run_id, iteration)
     if existing is not None:
         return asdict(_redone(config, ctx, tracker, existing, checkpoint, aliases, run_id, iteration))
@@ -122,6 +123,18 @@ def _move_aliases(config: RunConfig, ctx: Any, tracker: Tracker, mv: Any, aliase
     for alias in aliases:
         move_alias(audit, tracker, mv.name, alias, mv.version, why=f"registered {why}")
     return tuple(mlflow_alias(a) for a in aliases)
+
+
+def _held_back(tracker: Tracker, name: str, run_id: str, iteration: int, aliases: tuple[str, ...]) -> tuple[str, ...]:
+    """No alias for an iteration past the one ``rlpipe rollback`` put this run back to (:mod:`rlpipe.rollback`): a
+    redone iteration or a resume of the rolled-back run registers its version without undoing the rollback."""
+    from rlpipe.rollback import rolled_back_to
+
+    if not aliases or (to := rolled_back_to(tracker, name, run_id)) is None or iteration <= to:
+        return aliases
+    run_logger().warning("run %s iteration %d: registered without alias %s: the run was rolled back to iteration %d "
+                         "(`rlpipe audit --action alias.rollback`)", run_id, iteration, ", ".join(aliases), to)
+    return ()
 
 
 def _behind(tracker: Tracker, name: str, alias: str, run_id: str, iteration: int) -> bool:

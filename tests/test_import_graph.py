@@ -128,7 +128,7 @@ LAYERS = (
     ("storage", "guards", "stack"),
     ("data", "history", "retention", "tracking"),
     ("runs", "alerts"),
-    ("resume",),
+    ("resume", "rollback"),
     ("training",),
     ("rollout",),
     ("runtime", "services", "evaluation", "doctor", "stages"),

@@ -5,7 +5,7 @@ like the file. Commands that run something print the path of the run's summary.j
 
 One module per command group: ``common`` (the root app, shared options, errors as exit codes),
 ``config_cmds``, ``data_cmds``, ``model_cmds`` (plan, export, standin), ``run_cmds`` (run, sft,
-rm-train), ``ops_cmds`` (doctor, gc, audit, up/status/down, automations), ``eval_cmds`` (evaluate, report,
+rm-train), ``rollback_cmd``, ``ops_cmds`` (doctor, gc, audit, up/status/down, automations), ``eval_cmds`` (evaluate, report,
 verifier audit), ``serve_cmds`` and ``demo``. The top-level commands are registered below, in the
 order ``rlpipe --help`` lists them.
 """
@@ -16,7 +16,7 @@ import os
 import sys
 
 from rlpipe.cli import demo as _demo
-from rlpipe.cli import eval_cmds, model_cmds, ops_cmds, run_cmds
+from rlpipe.cli import eval_cmds, model_cmds, ops_cmds, rollback_cmd, run_cmds
 from rlpipe.cli.common import app
 from rlpipe.cli.config_cmds import config_app
 from rlpipe.cli.data_cmds import data_app
@@ -30,7 +30,7 @@ __all__ = ["AGENT_DEMO", "RLHF_DEMO", "app", "main"]
 
 for _name, _command in (
     ("plan", model_cmds.plan_cmd), ("export", model_cmds.export_cmd), ("standin", model_cmds.standin_cmd),
-    ("run", run_cmds.run_cmd),
+    ("run", run_cmds.run_cmd), ("rollback", rollback_cmd.rollback_cmd),
     ("doctor", ops_cmds.doctor_cmd), ("gc", ops_cmds.gc_cmd), ("audit", ops_cmds.audit_cmd),
     ("up", ops_cmds.up_cmd), ("status", ops_cmds.status_cmd), ("down", ops_cmds.down_cmd),
     ("rm-train", run_cmds.rm_train_cmd), ("sft", run_cmds.sft_cmd),
