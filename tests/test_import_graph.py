@@ -126,12 +126,12 @@ LAYERS = (
     ("algorithms", "envs", "summary"),
     ("config", "rewards"),
     ("storage", "guards", "stack"),
-    ("data", "history", "retention", "tracking"),
+    ("data", "history", "retention", "tracking", "lineage"),
     ("runs", "alerts"),
     ("resume", "rollback"),
     ("training",),
     ("rollout",),
-    ("runtime", "services", "evaluation", "doctor", "stages"),
+    ("runtime", "services", "evaluation", "doctor", "stages", "rescore"),
     ("eval_suite", "cli"),
 )
 

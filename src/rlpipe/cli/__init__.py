@@ -6,7 +6,7 @@ like the file. Commands that run something print the path of the run's summary.j
 One module per command group: ``common`` (the root app, shared options, errors as exit codes),
 ``config_cmds``, ``data_cmds``, ``model_cmds`` (plan, export, standin), ``run_cmds`` (run, sft,
 rm-train), ``rollback_cmd``, ``ops_cmds`` (doctor, gc, audit, up/status/down, automations), ``eval_cmds`` (evaluate, report,
-verifier audit), ``serve_cmds`` and ``demo``. The top-level commands are registered below, in the
+verifier audit), ``lineage_cmds`` (rescore, lineage), ``serve_cmds`` and ``demo``. The top-level commands are registered below, in the
 order ``rlpipe --help`` lists them.
 """
 
@@ -16,7 +16,7 @@ import os
 import sys
 
 from rlpipe.cli import demo as _demo
-from rlpipe.cli import eval_cmds, model_cmds, ops_cmds, rollback_cmd, run_cmds
+from rlpipe.cli import eval_cmds, lineage_cmds, model_cmds, ops_cmds, rollback_cmd, run_cmds
 from rlpipe.cli.common import app
 from rlpipe.cli.config_cmds import config_app
 from rlpipe.cli.data_cmds import data_app
@@ -35,6 +35,7 @@ for _name, _command in (
     ("up", ops_cmds.up_cmd), ("status", ops_cmds.status_cmd), ("down", ops_cmds.down_cmd),
     ("rm-train", run_cmds.rm_train_cmd), ("sft", run_cmds.sft_cmd),
     ("evaluate", eval_cmds.evaluate_cmd), ("report", eval_cmds.report_cmd),
+    ("rescore", lineage_cmds.rescore_cmd), ("lineage", lineage_cmds.lineage_cmd),
     ("demo", _demo.demo),
 ):
     app.command(_name)(_command)
