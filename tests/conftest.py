@@ -63,6 +63,18 @@ def s3_env(s3_server, monkeypatch):
     return s3_server
 
 
+@pytest.fixture(params=["local", "s3"])
+def local_or_s3_store(request, tmp_path):
+    """An object store in a local folder, then in the SeaweedFS bucket under a prefix of this test's own."""
+    from rlpipe.storage import open_store
+
+    if request.param == "local":
+        return open_store(str(tmp_path / "store"))
+    server = request.getfixturevalue("s3_env")
+    prefix = f"{request.module.__name__.rsplit('.', 1)[-1]}-{request.node.name.replace('[', '-').rstrip(']')}"
+    return open_store(f"s3://{server.bucket}/{prefix}")
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One Prefect test API for the session (its start costs ~20 s)."""

@@ -17,12 +17,9 @@ from rlpipe.audit import AuditError, AuditLog, parse_since, who
 from rlpipe.storage import open_store
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_store(str(tmp_path / "store"))
-    server = request.getfixturevalue("s3_env")
-    return open_store(f"s3://{server.bucket}/audit-{request.node.name.replace('[', '-').rstrip(']')}")
+@pytest.fixture
+def store(local_or_s3_store):
+    return local_or_s3_store
 
 
 def test_a_record_says_who_what_and_when_and_a_second_never_overwrites_it(store):

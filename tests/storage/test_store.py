@@ -8,12 +8,9 @@ from rlpipe.storage.layout import check_run_id, stage_prefix
 from rlpipe.storage.store import MANIFEST, StageCorrupt
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_store(str(tmp_path / "store"))
-    server = request.getfixturevalue("s3_env")
-    return open_store(f"s3://{server.bucket}/{request.node.name.replace('[', '-').rstrip(']')}")
+@pytest.fixture
+def store(local_or_s3_store):
+    return local_or_s3_store
 
 
 def prompts(n, start=0):
