@@ -122,7 +122,7 @@ def test_config_envs_and_the_registries_are_in_no_import_cycle():
 # package or from a lower layer. A new package or module takes its place here.
 LAYERS = (
     ("yamlio", "registry", "jsonl", "net", "procs", "http_client", "tokens", "progress", "sandbox", "eta", "threads",
-     "audit"),
+     "audit", "healing"),
     ("algorithms", "envs", "summary"),
     ("config", "rewards"),
     ("storage", "guards", "stack"),
