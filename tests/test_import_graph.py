@@ -122,8 +122,8 @@ def test_config_envs_and_the_registries_are_in_no_import_cycle():
 # package or from a lower layer. A new package or module takes its place here.
 LAYERS = (
     ("yamlio", "registry", "jsonl", "net", "procs", "http_client", "tokens", "progress", "sandbox", "eta", "threads",
-     "audit", "healing"),
-    ("algorithms", "envs", "summary"),
+     "audit"),
+    ("algorithms", "envs", "summary", "healing"),
     ("config", "rewards"),
     ("storage", "guards", "stack"),
     ("data", "history", "retention", "tracking", "lineage"),
