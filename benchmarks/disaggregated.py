@@ -324,7 +324,7 @@ def sweep_size(out: Path, hidden: int, layers: int, repeats: int, stamp: str) ->
     import shutil
 
     from rlpipe.storage import open_store
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
     from tests.helpers.s3server import free_port
 
     label = f"h{hidden}-l{layers}"
@@ -333,7 +333,7 @@ def sweep_size(out: Path, hidden: int, layers: int, repeats: int, stamp: str) ->
     folders, params = checkpoints(work / "models", hidden, layers)
     mb = sum(f.stat().st_size for f in folders[0].glob("*.safetensors")) / 1e6
     t = time.perf_counter()
-    file_weights_sha256(folders[0])
+    file_weights_digest(folders[0])
     hash_s = time.perf_counter() - t
     srv = _start_s3(work / "s3")
     os.environ.update(srv.env())

@@ -102,11 +102,11 @@ def measure(out: Path, name: str, n: int, repeats: int) -> dict:
     """Medians of each way for model ``name`` on ``n`` replicas."""
     from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine
     from rlpipe.storage import open_store
-    from rlpipe.storage.weights import load_safetensors_folder, weights_sha256
+    from rlpipe.storage.weights import load_safetensors_folder, weights_digest
 
     folders, params, mb = weight_sets(out, name)
     store = open_store(str(out / "store"))
-    held = {f: (t := load_safetensors_folder(f), weights_sha256(t)) for f in folders}
+    held = {f: (t := load_safetensors_folder(f), weights_digest(t)) for f in folders}
     procs, urls = start_replicas(out, folders[0], n, store.uri)
     try:
         engine = ReplicatedEngine([RemoteEngine(u, store, "bench", timeout_s=1800) for u in urls])

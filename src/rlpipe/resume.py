@@ -179,20 +179,19 @@ class RunState:
         """Download the save point's state into ``dest`` (replaced) and check its weights."""
         import shutil
 
-        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.storage.weights import file_digest_matches, file_weights_digest
 
         if dest.exists():
             shutil.rmtree(dest)
         self.store.download_dir(progress.resume_state, dest)
         (dest / STATE_DONE).unlink(missing_ok=True)
-        got = file_weights_sha256(dest)
-        if got != progress.weights_sha256:
-            raise RuntimeError(f"{self.store.url(progress.resume_state)} holds weights {got[:12]}, its progress "
-                               f"records {progress.weights_sha256[:12]}")
+        if not file_digest_matches(dest, progress.weights_sha256):
+            raise RuntimeError(f"{self.store.url(progress.resume_state)} holds weights {file_weights_digest(dest)[:12]}, "
+                               f"its progress records {progress.weights_sha256[:12]}")
         return dest
 
     def local_state_ok(self, progress: Progress) -> bool:
-        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.storage.weights import file_digest_matches
 
         folder = progress.resume_dir
         if not folder:  # before the first save point: the run's start policy, which is not saved here
@@ -200,6 +199,6 @@ class RunState:
         if not Path(folder).is_dir():
             return False
         try:
-            return file_weights_sha256(folder) == progress.weights_sha256
+            return file_digest_matches(folder, progress.weights_sha256)
         except FileNotFoundError:
             return False

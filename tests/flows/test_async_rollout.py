@@ -14,7 +14,7 @@ from rlpipe.history import read_history
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.guards import StaleBatchError, check_staleness
 from rlpipe.rollout.batch import reuse_expectation
 from tests.flows.test_resume import _args
@@ -52,7 +52,7 @@ def test_each_batch_is_sampled_one_update_behind_and_says_so(uninterrupted, tiny
     cfg = load_config(None, sets)
     versions = {int(mv.tags["iteration"]): mv.tags["weights_sha256"] for mv in Tracker(settings(), cfg).client.search_model_versions(
         f"name='{cfg.registered_model}'") if mv.tags["run_id"] == "rl-async-ref"}
-    base = file_weights_sha256(tiny_checkpoint)
+    base = file_weights_digest(tiny_checkpoint)
     # (policy that sampled, the update it came after, staleness) for batches 0, 1, 2.
     expected = [(base, -1, 0), (base, -1, 1), (versions[0], 0, 1)]
     for k, (sha, after, stale) in enumerate(expected):

@@ -9,7 +9,7 @@ from rlpipe.config import settings
 from rlpipe.history import read_history
 from rlpipe.rollout.hf_engine import HFEngine
 from rlpipe.storage import open_store
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
 from tests.services.test_rollout_service import _serve
 
@@ -24,7 +24,7 @@ def test_a_run_on_a_rollout_service_matches_the_in_process_run(prefect_harness, 
     finally:
         server.should_exit = True
     assert remote["engine"] == "rollout×1" and remote["iterations_done"] == 2
-    assert remote["final_policy_version"] == local["final_policy_version"] != file_weights_sha256(tiny_checkpoint)
+    assert remote["final_policy_version"] == local["final_policy_version"] != file_weights_digest(tiny_checkpoint)
     assert remote["heldout_accuracy_final"] == local["heldout_accuracy_final"]
     # The start weights and one set per iteration were streamed to the service, each loaded once; none went
     # through the store.

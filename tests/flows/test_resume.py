@@ -181,7 +181,7 @@ def test_a_resume_continues_from_the_last_save_point_and_cuts_the_history_back_t
 
     from flows.train import _resume_point
     from rlpipe.runtime import RunContext
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
 
     config = load_config(None, ["train.save_interval=2"])
     ctx = RunContext.resolve(config, "rl-cut")
@@ -193,7 +193,7 @@ def test_a_resume_continues_from_the_last_save_point_and_cuts_the_history_back_t
         if k == 1:
             at_save = ctx.folder.history.size()
     saved = Progress(completed_iteration=1, config=config.flat(), dataset_version="d1", resume_dir=str(folder),
-                     weights_sha256=file_weights_sha256(folder), history_bytes=at_save)
+                     weights_sha256=file_weights_digest(folder), history_bytes=at_save)
     ctx.folder.write_resume(saved)
     ctx.state.write_local(saved.but(completed_iteration=3, weights_sha256="ab" * 32))
     progress, changes = _resume_point(ctx, "d1", allow_change=False)

@@ -12,7 +12,7 @@ from rlpipe.config import load_config, settings
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from tests.flows.test_train_flow import invoke
 
 
@@ -110,7 +110,7 @@ def test_reward_model_service_down_skips_samples(reward_model, tiny_checkpoint, 
     meta = open_store().read_manifest(stage_prefix("rlhf-rm-down", 0, "verify"))["meta"]
     assert any("reward-model service" in a for a in meta["alerts"])
     assert summary["heldout_rm_score_base"] is None  # nothing scored is reported as nothing, not 0
-    assert summary["final_policy_version"] == file_weights_sha256(tiny_checkpoint)
+    assert summary["final_policy_version"] == file_weights_digest(tiny_checkpoint)
 
 
 def test_a_resume_refuses_a_reward_model_that_changed():

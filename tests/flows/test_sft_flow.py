@@ -7,7 +7,7 @@ from rlpipe.cli import app
 from rlpipe.config import RunConfig, settings
 from rlpipe.storage import open_store
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.training.models import fetch_source, load_model
 
 SMALL = [
@@ -41,7 +41,7 @@ def test_sft_flow_end_to_end(prefect_harness):
     mv = tracker.version_by_alias("rlpipe-flowtest", "base")
     assert mv is not None and mv.version == summary["registered_model"]["version"]
     assert mv.tags["dataset_version"] == summary["dataset_version"]
-    assert mv.tags["weights_sha256"] == file_weights_sha256(fetch_source(mv.source, settings()))
+    assert mv.tags["weights_sha256"] == file_weights_digest(fetch_source(mv.source, settings()))
     assert tracker.version_by_alias("rlpipe-flowtest", "latest").version == mv.version
     run = tracker.client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED" and "heldout_accuracy" in run.data.metrics

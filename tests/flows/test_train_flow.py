@@ -13,7 +13,7 @@ from rlpipe.history import read_history
 from rlpipe.storage import TRAJECTORY_SCHEMA, open_store
 from rlpipe.storage.layout import stage_prefix
 from rlpipe.tracking.mlflow_utils import Tracker
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_two_iterations_end_to_end_on_vllm(prefect_harness, tiny_checkpoint, eve
     assert summary["cpu_s_total"] > 0 and summary["peak_rss_bytes"] > 2**28 and summary["store_bytes_written"] > 2**20
 
     store = open_store()
-    base_sha = file_weights_sha256(tiny_checkpoint)
+    base_sha = file_weights_digest(tiny_checkpoint)
     cfg = load_config(None, sets)
     tracker = Tracker(settings(), cfg)
     versions = {int(mv.tags["iteration"]): mv for mv in tracker.client.search_model_versions(f"name='{cfg.registered_model}'")}
@@ -120,4 +120,4 @@ def test_verifier_service_down_skips_samples_and_the_run_goes_on(prefect_harness
     history = read_history(settings().run_dir("rl-verifier-down"))
     assert history[0]["samples_excluded"] == 16 and history[0]["optimizer_steps"] == 0
     assert history[0]["service/verifier/error_rate"] == 1.0 and history[0]["service/verifier/calls"] >= 1
-    assert summary["final_policy_version"] == file_weights_sha256(tiny_checkpoint)  # nothing was learned from nothing
+    assert summary["final_policy_version"] == file_weights_digest(tiny_checkpoint)  # nothing was learned from nothing

@@ -8,7 +8,7 @@ from rlpipe.rollout.base import SamplingConfig, WeightSyncError
 from rlpipe.rollout.engines import get_engine
 from rlpipe.rollout.probe import load_policy
 from rlpipe.runtime import RunServices, register_services, stop_services
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.runtime.assembly import start_probe
 from rlpipe.stages import UpdateDone
 from tasks.rl import sync_weights
@@ -31,10 +31,10 @@ def perturbed(src, dst, scale=1.01):
 @pytest.mark.parametrize("kind", ["vllm", "hf"])
 def test_reload_in_place_is_hash_checked(kind, tiny_checkpoint, tmp_path):
     engine = get_engine(kind, tiny_checkpoint, max_model_len=64)
-    assert engine.weights_sha256() == file_weights_sha256(tiny_checkpoint)
+    assert engine.weights_sha256() == file_weights_digest(tiny_checkpoint)
     same = engine  # no restart: the process keeps one engine per architecture
     new = perturbed(tiny_checkpoint, tmp_path / "new")
-    assert engine.load_weights(new) == file_weights_sha256(new) != file_weights_sha256(tiny_checkpoint)
+    assert engine.load_weights(new) == file_weights_digest(new) != file_weights_digest(tiny_checkpoint)
     assert get_engine(kind, tiny_checkpoint, max_model_len=64) is same
     # The reloaded weights are really in use: greedy output matches HF on the folder loaded last.
     from rlpipe.training.checkpoint import load_checkpoint
@@ -93,7 +93,7 @@ def test_the_probe_catches_a_weight_the_read_back_cannot_see(tiny_checkpoint, tr
         w = load_file(tmp_path / "wrong" / "model.safetensors")
         w["model.layers.0.mlp.down_proj.weight"] = w["model.layers.0.mlp.down_proj.weight"] * 1.2
         save_file(w, tmp_path / "wrong" / "model.safetensors", metadata={"format": "pt"})
-        ref = _ref(tmp_path / "wrong", file_weights_sha256(tmp_path / "wrong"))
+        ref = _ref(tmp_path / "wrong", file_weights_digest(tmp_path / "wrong"))
         with pytest.raises(WeightSyncError, match="probe batch|different values") as e:
             load_policy(engine, ref.state_dir, ref.weights_sha256, 0)  # a folder's weights, as replicas take them
             svc.proof.prove(engine, trainer, "iteration 0")
@@ -114,11 +114,11 @@ def test_a_read_back_that_compares_nothing_is_an_error(tiny_checkpoint, monkeypa
 
 def test_a_folder_sync_fails_on_a_hash_mismatch(tiny_checkpoint, tmp_path):
     engine = get_engine("hf", tiny_checkpoint, max_model_len=64)
-    assert load_policy(engine, tiny_checkpoint, file_weights_sha256(tiny_checkpoint), 0) == file_weights_sha256(tiny_checkpoint)
+    assert load_policy(engine, tiny_checkpoint, file_weights_digest(tiny_checkpoint), 0) == file_weights_digest(tiny_checkpoint)
     # The trainer said it exported A, but the folder holds B (a stale or partial copy): never ignored.
     stale = perturbed(tiny_checkpoint, tmp_path / "stale")
     with pytest.raises(WeightSyncError, match="holds"):
-        load_policy(engine, stale, file_weights_sha256(tiny_checkpoint), 0)
+        load_policy(engine, stale, file_weights_digest(tiny_checkpoint), 0)
     broken = tmp_path / "empty"
     broken.mkdir()
     with pytest.raises(WeightSyncError, match="no \\*.safetensors"):
@@ -144,10 +144,10 @@ def test_the_sync_hands_the_trainers_tensors_over_in_memory(kind, tiny_checkpoin
         digest, _ = t.policy_tensors()
         monkeypatch.setattr(engine, "load_weights", lambda folder: pytest.fail("a file on the sync path"))
         out = sync_weights.fn(None, f"mem-{kind}", 0, _ref(None, digest))
-        assert out.policy_version == digest == engine.weights_sha256() != file_weights_sha256(tiny_checkpoint)
+        assert out.policy_version == digest == engine.weights_sha256() != file_weights_digest(tiny_checkpoint)
         assert out.probe_max_abs_diff <= 1e-3 and out.probe_policy_change > 1e-3 and out.readback_tensors >= 1
         with pytest.raises(WeightSyncError, match="its update reported"):
-            sync_weights.fn(None, f"mem-{kind}", 1, _ref(None, file_weights_sha256(tiny_checkpoint)))
+            sync_weights.fn(None, f"mem-{kind}", 1, _ref(None, file_weights_digest(tiny_checkpoint)))
     finally:
         stop_services(f"mem-{kind}")
         monkeypatch.undo()

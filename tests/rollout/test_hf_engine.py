@@ -28,11 +28,11 @@ def test_a_bf16_engine_holds_the_rounded_weights_and_reports_the_files_version(t
     import torch
 
     from rlpipe.rollout.base import WeightSyncError
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
 
     full, half = HFEngine(tiny_checkpoint), HFEngine(tiny_checkpoint, device="cpu", dtype=torch.bfloat16)
     assert (full.dtype, half.dtype) == ("float32", "bfloat16")
-    assert half.load_weights(tiny_checkpoint) == file_weights_sha256(tiny_checkpoint) == full.weights_sha256()
+    assert half.load_weights(tiny_checkpoint) == file_weights_digest(tiny_checkpoint) == full.weights_sha256()
     full.load_weights(tiny_checkpoint)
     assert half.last_readback == full.last_readback > 0  # every tensor read back
     a, b = full.sequence_logprobs(PROMPTS, PROMPTS), half.sequence_logprobs(PROMPTS, PROMPTS)

@@ -13,7 +13,7 @@ from rlpipe.rollout.base import SamplingConfig
 from rlpipe.rollout.engines import new_engine
 from rlpipe.rollout.probe import default_tolerance
 from rlpipe.tokens import encode_prompt
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.training.checkpoint import load_checkpoint
 
 PROMPT = json.dumps([{"role": "user", "content": "小明有3个苹果，又买了5个。一共多少个？"}])
@@ -38,7 +38,7 @@ def test_generate_sync_and_probe_on_hub_checkpoints(standins, kind, arch):
         assert len(outs) == 3 and all(1 <= len(c.token_ids) <= 12 and len(c.logprobs) == len(c.token_ids) for c in outs)
         assert all((c.finish_reason == "stop") == (c.token_ids[-1] in engine.stop_ids) for c in outs)
         # The sync: the checkpoint's own 16-bit tensors fed back in, read back, hashed as fed.
-        assert engine.load_weights(folder) == file_weights_sha256(folder)
+        assert engine.load_weights(folder) == file_weights_digest(folder)
         assert engine.last_readback >= 1
         cont = outs[0].token_ids
         gap = max(abs(a - b) for a, b in zip(engine.sequence_logprobs([prompt], [cont])[0],

@@ -25,7 +25,7 @@ from rlpipe.rollout.remote import RemoteEngine, ReplicatedEngine, adapter_body
 from rlpipe.runtime.assembly import _remote_engine, adapter_sync
 from rlpipe.runtime.context import RunContext
 from rlpipe.storage import open_store
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from tests.helpers.dist_update import fixed_batch
 from tests.helpers.prom import scrape
 from tests.helpers.s3server import free_port
@@ -103,7 +103,7 @@ def test_a_lora_replica_takes_only_the_adapter_and_then_computes_the_trainers_po
     assert adapter_bytes <= sent <= adapter_bytes + 4096 and sent * 10 < merged_bytes, (sent, merged_bytes)
 
     # the start weights streamed (as a run's start does): the replica serves them without the adapter again
-    assert engine.load_weights(tiny_checkpoint) == file_weights_sha256(tiny_checkpoint)
+    assert engine.load_weights(tiny_checkpoint) == file_weights_digest(tiny_checkpoint)
     assert max_gap(engine.sequence_logprobs(PROMPTS, CONTS), base) <= TOL
 
 
@@ -116,7 +116,7 @@ def test_a_resume_gives_the_replicas_the_save_points_adapter(lora_replica, train
     engine = _remote_engine(ctx, str(tiny_checkpoint), logging.getLogger("test"), adapters=True,
                             resume_dir=str(tmp_path / "state"))
     assert engine.lora_rank == RANK
-    assert engine.weights_sha256() == file_weights_sha256(tmp_path / "state")  # the save point's policy …
+    assert engine.weights_sha256() == file_weights_digest(tmp_path / "state")  # the save point's policy …
     assert max_gap(engine.sequence_logprobs(PROMPTS, CONTS), trainer.sequence_logprobs(PROMPTS, CONTS)) <= TOL
 
 
@@ -222,7 +222,7 @@ def test_a_lora_run_on_a_replica_sends_only_the_adapter_and_proves_every_sync(pr
     monkeypatch.setenv("RLPIPE_ROLLOUT_URL", url)
     summary = invoke(["run", "--run-id", "rl-lora-replica"] + [x for s in sets for x in ("--set", s)])
     assert summary["engine"] == "rollout×1" and summary["iterations_done"] == 2
-    assert summary["final_policy_version"] == httpx.get(f"{url}/health").json()["version"] != file_weights_sha256(tiny_checkpoint)
+    assert summary["final_policy_version"] == httpx.get(f"{url}/health").json()["version"] != file_weights_digest(tiny_checkpoint)
     history = read_history(settings().run_dir("rl-lora-replica"))
     assert [h["sync/adapter_only"] for h in history] == [1.0, 1.0]  # each sync moved the adapter alone …
     assert all(h["sync/probe_max_abs_diff"] <= TOL for h in history)  # … and was proven on the replica

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from rlpipe.config import settings
 from rlpipe.history import read_history
 from rlpipe.storage import open_store
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
 from tests.helpers.prefect_server import ROOT
 from tests.helpers.s3server import free_port
@@ -69,7 +69,7 @@ def test_the_trainer_service_refuses_what_it_must(trainer2, tiny_checkpoint):
     assert health["status"] == "ok" and health["world"] == 2
     assert _post(url, "/update", {"run_id": "r1", "iteration": 0, "stages": ["runs/r1/x"]}, token=None).status_code == 401
     assert _post(url, "/update", {"run_id": "r1", "iteration": 0, "stages": ["runs/r1/x"]}, token="wrong").status_code == 401
-    sha = file_weights_sha256(tiny_checkpoint)
+    sha = file_weights_digest(tiny_checkpoint)
     store = open_store()
     store.upload_dir(tiny_checkpoint, "elsewhere/model")
     body = {"run_id": "r1", "policy": {"uri": "elsewhere/model", "sha256": sha}, "train": {}}
@@ -211,7 +211,7 @@ def test_the_trainer_service_times_out_and_bounds_its_queue(trainer2, tiny_check
     url, _ = trainer2
     store = open_store()
     store.upload_dir(tiny_checkpoint, "runs/rq/trainer/policy/a")
-    body = {"run_id": "rq", "policy": {"uri": "runs/rq/trainer/policy/a", "sha256": file_weights_sha256(tiny_checkpoint)},
+    body = {"run_id": "rq", "policy": {"uri": "runs/rq/trainer/policy/a", "sha256": file_weights_digest(tiny_checkpoint)},
             "train": {"batch_size": 8, "micro_batch_size": 4}}
     got = _post(url, "/init", body | {"timeout_s": 0.001})
     assert got.status_code == 504 and "timeout_s" in got.json()["detail"]

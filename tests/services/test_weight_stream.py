@@ -13,7 +13,7 @@ from rlpipe.rollout.hf_engine import HFEngine
 from rlpipe.rollout.probe import max_gap
 from rlpipe.rollout.remote import Buckets, RemoteEngine, ReplicatedEngine
 from rlpipe.storage.weight_stream import bytes_bound, decode_buckets, encode_buckets, split_buckets
-from rlpipe.storage.weights import load_safetensors_folder, weights_sha256
+from rlpipe.storage.weights import load_safetensors_folder, weights_digest
 from tests.services.test_rollout_service import PROMPTS, _serve, perturbed, store  # noqa: F401 - fixture re-used
 
 BUCKET = 16 << 10  # the tiny model's ~0.4 MB in a few dozen buckets
@@ -37,7 +37,7 @@ def test_buckets_join_back_to_the_same_tensors_in_name_order():
     assert sorted(back) == sorted(tensors)
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and back[name].shape == t.shape and torch.equal(back[name], t), name
-    assert weights_sha256(back) == weights_sha256(tensors)
+    assert weights_digest(back) == weights_digest(tensors)
     assert 0 <= bytes_bound(tensors, names) - sum(map(len, buckets)) <= 1000  # the size a stream declares first
     assert len(encode_buckets(tensors)) == 1  # the default bucket (64 MiB) takes them all
     with pytest.raises(ValueError, match="bucket 1 repeats tensors of an earlier bucket"):
@@ -71,7 +71,7 @@ def replicas(tiny_checkpoint, store):  # noqa: F811 - the store fixture
 def test_two_replicas_take_streamed_weights_and_compute_what_the_sender_holds(replicas, tiny_checkpoint, store, tmp_path):  # noqa: F811
     new = perturbed(tiny_checkpoint, tmp_path / "new")
     tensors = load_safetensors_folder(new)
-    sha = weights_sha256(tensors)
+    sha = weights_digest(tensors)
     engine = ReplicatedEngine([RemoteEngine(url, store, "rl-stream", bucket_bytes=BUCKET) for _, _, url in replicas])
     assert engine.load_tensors(tensors, sha) == sha
     assert len(encode_buckets(tensors, BUCKET)) > 10  # it did go in many buckets
@@ -106,7 +106,7 @@ def test_a_bad_stream_is_refused_the_replica_keeps_its_weights_and_the_next_stre
     before = httpx.get(f"{url}/health").json()["version"]
     lp_before = RemoteEngine(url, store, "rl-bad").sequence_logprobs(PROMPTS, PROMPTS)
     tensors = load_safetensors_folder(perturbed(tiny_checkpoint, tmp_path / "new"))
-    sha = weights_sha256(tensors)
+    sha = weights_digest(tensors)
     buckets = encode_buckets(tensors, BUCKET)
     other = encode_buckets({**tensors, "model.norm.weight": tensors["model.norm.weight"] + 1}, BUCKET)
 
@@ -151,7 +151,7 @@ def test_the_stream_needs_the_token(tiny_checkpoint, store, monkeypatch, tmp_pat
     server, service, url = _serve(HFEngine(tiny_checkpoint), tiny_checkpoint, store, token="s3cret")
     try:
         tensors = load_safetensors_folder(perturbed(tiny_checkpoint, tmp_path / "new"))
-        sha = weights_sha256(tensors)
+        sha = weights_digest(tensors)
         buckets = encode_buckets(tensors, BUCKET)
         for r in (_begin(url, sha, buckets), httpx.put(f"{url}/weights/stream/x/0", content=buckets[0]),
                   httpx.post(f"{url}/weights/stream/x/commit")):

@@ -5,7 +5,7 @@ import pytest
 
 from rlpipe.config import load_config
 from rlpipe.storage import PROMPT_SCHEMA, open_store
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from tasks.data import DatasetInvalid, prepare_dataset
 from tasks.sft import train_sft_task
 
@@ -38,5 +38,5 @@ def test_sft_continues_from_a_users_hf_folder(tiny_checkpoint, tmp_path):
     out = train_sft_task.fn(cfg, ds, "sft-from-folder", None)
     assert out["steps"] == 3 and out["heldout_n"] == 2
     local = open_store().download_dir("runs/sft-from-folder/checkpoints/sft", tmp_path / "ck")
-    assert file_weights_sha256(local) == out["weights_sha256"] != file_weights_sha256(tiny_checkpoint)
+    assert file_weights_digest(local) == out["weights_sha256"] != file_weights_digest(tiny_checkpoint)
     assert out["checkpoint_uri"] == open_store().url("runs/sft-from-folder/checkpoints/sft")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlpipe.config import TrainConfig
-from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder
+from rlpipe.storage.weights import file_weights_digest, load_safetensors_folder
 from rlpipe.training.trainer import PolicyTrainer
 from tests.helpers.dist_update import fixed_batch
 
@@ -30,7 +30,7 @@ def test_handed_tensors_are_what_the_save_point_writes(name, lora, standins, tin
     t.update(fixed_batch(16), 0)
     digest, tensors = t.policy_tensors()
     assert t.policy_tensors()[0] is digest  # hashed once per update
-    assert t.export_weights(tmp_path / "w") == digest == file_weights_sha256(tmp_path / "w")
+    assert t.export_weights(tmp_path / "w") == digest == file_weights_digest(tmp_path / "w")
     saved = load_safetensors_folder(tmp_path / "w")
     assert sorted(saved) == sorted(tensors)  # the names save_pretrained keeps (tied copies dropped)
     assert all(torch.equal(saved[k], tensors[k].cpu()) for k in saved)
@@ -78,8 +78,8 @@ def test_the_hash_runs_on_a_thread_and_the_next_update_waits_for_it(standins, mo
     torch.set_num_threads(1)
     t = _trainer(standins["qwen2"])
     t.update(fixed_batch(16), 0)
-    gate, real = threading.Event(), weights.weights_sha256
-    monkeypatch.setattr(saving, "weights_sha256", lambda ts: (gate.wait(60), real(ts))[1])
+    gate, real = threading.Event(), weights.weights_digest
+    monkeypatch.setattr(saving, "weights_digest", lambda ts: (gate.wait(60), real(ts))[1])
     pending, tensors = t.handoff()
     assert not pending.done()  # the caller goes on while the hash runs
     expected = real({k: v.clone() for k, v in tensors.items()})
@@ -115,8 +115,8 @@ def test_the_engine_is_proven_while_the_hash_is_still_taken(standins, monkeypatc
     torch.set_num_threads(1)
     t = _trainer(standins["qwen2"])
     t.update(fixed_batch(16), 0)
-    gate, real = threading.Event(), weights.weights_sha256
-    monkeypatch.setattr(saving, "weights_sha256", lambda ts: (gate.wait(60), real(ts))[1])
+    gate, real = threading.Event(), weights.weights_digest
+    monkeypatch.setattr(saving, "weights_digest", lambda ts: (gate.wait(60), real(ts))[1])
     proof, seen = SyncProof(ProbeBatch(PROMPTS, CONTS), tolerance=0.1), {}
     engine = new_engine("hf", standins["qwen2"], max_model_len=64)
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.serialization import config
 
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.training.checkpoint import RecyclingWrites
 
 
@@ -107,7 +107,7 @@ def test_the_trainer_writes_its_optimizer_over_the_spare_and_resumes_the_same(ti
     digest = a.save(tmp_path / "iter=1", spare=tmp_path / "iter=0")
     assert len(reads) == 1  # the process's maps read once for the save's two files (~7 ms a read in the RL loop)
     assert [os.stat(tmp_path / "iter=1" / f).st_ino for f in (rel, "model.safetensors")] == inodes  # both written over
-    assert digest == file_weights_sha256(tmp_path / "iter=1")
+    assert digest == file_weights_digest(tmp_path / "iter=1")
     after = fixed_batch(48)[32:]
     m = a.update(after, 2)
     b = _grpo_trainer(tiny_checkpoint, resume_dir=tmp_path / "iter=1")

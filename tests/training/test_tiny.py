@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpipe.config import ModelConfig
-from rlpipe.storage.weights import file_weights_sha256, weights_sha256
+from rlpipe.storage.weights import file_weights_digest, weights_digest
 from rlpipe.training.checkpoint import load_checkpoint, save_checkpoint
 from rlpipe.training.tiny import EOS, IM_END, build_char_tokenizer, build_tiny_model, count_parameters
 
@@ -64,7 +64,7 @@ def test_save_load_round_trip_with_transformers(tok, tmp_path):
     cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     model = build_tiny_model(cfg, tok, seed=1)
     digest = save_checkpoint(tmp_path, model, tok, trainer_state={"iteration": 3})
-    assert digest == file_weights_sha256(tmp_path)
+    assert digest == file_weights_digest(tmp_path)
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     tok2 = AutoTokenizer.from_pretrained(tmp_path)
     assert tok2.decode(tok2("9-3=6")["input_ids"]) == "9-3=6"
@@ -79,12 +79,12 @@ def test_save_load_round_trip_with_transformers(tok, tmp_path):
 def test_weight_hash_sees_every_change(tok):
     model = build_tiny_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    h = weights_sha256(state)
-    assert h == weights_sha256(dict(reversed(list(state.items()))))  # order-free
+    h = weights_digest(state)
+    assert h == weights_digest(dict(reversed(list(state.items()))))  # order-free
     key = next(iter(state))
     state[key].view(-1)[0] += 1e-6
-    assert weights_sha256(state) != h
-    assert weights_sha256({key: state[key].to(torch.bfloat16)}) != weights_sha256({key: state[key]})
+    assert weights_digest(state) != h
+    assert weights_digest({key: state[key].to(torch.bfloat16)}) != weights_digest({key: state[key]})
 
 
 def test_vllm_loads_the_saved_model(tiny_checkpoint, tmp_path):

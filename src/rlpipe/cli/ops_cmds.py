@@ -13,7 +13,8 @@ import typer
 from rlpipe.cli.common import ConfigArg, SetOpt, load, prefect_env, refused
 from rlpipe.config import settings
 
-automations_app = typer.Typer(help="Prefect automations that act on rlpipe's alerts.", no_args_is_help=True)
+automations_app = typer.Typer(help="Prefect automations that act on rlpipe's alerts and heal failed runs.",
+                              no_args_is_help=True)
 
 
 def doctor_cmd(
@@ -158,7 +159,8 @@ def automations_install(
     file: Annotated[Optional[Path], typer.Option(help="Automations YAML (default: infra/prefect/automations.yaml).")] = None,
 ) -> None:
     """Create or update, by name, the Prefect automations that act on rlpipe's alerts (cancel a run on a
-    critical alert; pause its deployment) on the Prefect API in PREFECT_API_URL. Safe to repeat."""
+    critical alert; pause its deployment) and heal failed runs (relaunch; needs the heal deployment) on the Prefect
+    API in PREFECT_API_URL. Safe to repeat."""
     prefect_env()
     from rlpipe.audit import AuditError
     from tasks.alerts import AUTOMATIONS_FILE, install_automations
@@ -167,4 +169,7 @@ def automations_install(
     with refused("rlpipe automations install", (OSError, ValueError, AuditError)):
         done = install_automations(file or AUTOMATIONS_FILE, audit_log())
     for name, what in done:
-        typer.echo(f"{what:8s} {name}")
+        if what.startswith("skipped: "):  # a deployment it names is not there yet: on stderr, with the fix
+            typer.echo(f"skipped  {name}: {what.removeprefix('skipped: ')}", err=True)
+        else:
+            typer.echo(f"{what:8s} {name}")

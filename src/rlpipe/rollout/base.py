@@ -41,7 +41,7 @@ class RolloutEngine(Protocol):
         ...
 
     def load_weights(self, folder: str | Path) -> str:
-        """Reload the policy from an HF folder in place; returns the sha256 of the weights now held."""
+        """Reload the policy from an HF folder in place; returns the digest of the weights now held."""
         ...
 
     def load_tensors(self, tensors: Mapping[str, Any], sha256: Digest) -> Digest:

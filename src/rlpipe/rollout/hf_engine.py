@@ -12,7 +12,7 @@ import torch
 
 from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
 from rlpipe.tokens import eos_ids, folder_eos_ids
-from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder, weights_sha256
+from rlpipe.storage.weights import file_weights_digest, load_safetensors_folder, weights_digest
 from rlpipe.training.checkpoint import load_checkpoint
 
 
@@ -26,7 +26,7 @@ class HFEngine:
         self.model, self.tokenizer, _ = load_checkpoint(model_dir, dtype=dtype)
         self.model.to(dev).eval()
         self.batch_size = batch_size
-        self._sha = file_weights_sha256(model_dir)
+        self._sha = file_weights_digest(model_dir)
         self.stop_ids = folder_eos_ids(model_dir, self.tokenizer, stop_tokens)
 
     @classmethod
@@ -35,7 +35,7 @@ class HFEngine:
         self = cls.__new__(cls)
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.stop_ids = eos_ids(model.generation_config.eos_token_id, tokenizer)
-        self._sha = weights_sha256(model.state_dict())
+        self._sha = weights_digest(model.state_dict())
         return self
 
     @torch.no_grad()
@@ -112,7 +112,7 @@ class HFEngine:
         tensors = load_safetensors_folder(folder)
         if not tensors:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
-        return self.load_tensors(tensors, weights_sha256(tensors), where=str(folder))
+        return self.load_tensors(tensors, weights_digest(tensors), where=str(folder))
 
     @torch.no_grad()
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest, where: str = "the handed tensors") -> Digest:

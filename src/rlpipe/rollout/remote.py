@@ -40,9 +40,9 @@ class ReplicaDown(ConnectionError):
 
 def upload_weights(store: Any, run_id: str, folder: str | Path) -> tuple[str, str]:
     """The folder's weights in the store (once per content): (their URI, their sha256), for ``load_uri``."""
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
 
-    sha = file_weights_sha256(folder)
+    sha = file_weights_digest(folder)
     key = f"runs/{run_id}/weights/{sha[:16]}"
     files = sorted(Path(folder).glob("*.safetensors"))
     if sorted(Path(k).name for k in store.list(key)) != [f.name for f in files]:
@@ -130,12 +130,12 @@ class Buckets:
 
 def _read_folder(folder: str | Path) -> tuple[dict[str, Any], str]:
     """A folder's ``*.safetensors`` tensors and their sha256; FileNotFoundError where it holds none."""
-    from rlpipe.storage.weights import load_safetensors_folder, weights_sha256
+    from rlpipe.storage.weights import load_safetensors_folder, weights_digest
 
     tensors = load_safetensors_folder(folder)
     if not tensors:
         raise FileNotFoundError(f"{folder} holds no *.safetensors weights")
-    return tensors, weights_sha256(tensors)
+    return tensors, weights_digest(tensors)
 
 
 class RemoteEngine:

@@ -32,7 +32,7 @@ import torch
 
 from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
 from rlpipe.tokens import folder_eos_ids
-from rlpipe.storage.weights import file_weights_sha256, load_safetensors_folder, weights_sha256
+from rlpipe.storage.weights import file_weights_digest, load_safetensors_folder, weights_digest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -201,7 +201,7 @@ class VLLMEngine:
         # list in generation_config.json, or rollout.stop_tokens).
         self.stop_ids = sorted(folder_eos_ids(self.model_dir, self.tokenizer, stop_tokens))
         self.max_model_len, self.tensor_parallel_size = max_model_len, tensor_parallel_size
-        self._sha = file_weights_sha256(self.model_dir)
+        self._sha = file_weights_digest(self.model_dir)
         self._lock = threading.RLock()
         self._guard_steps()
 
@@ -298,7 +298,7 @@ class VLLMEngine:
         tensors = load_safetensors_folder(folder)
         if not tensors:
             raise WeightSyncError(f"{folder} holds no *.safetensors weights")
-        return self._load_tensors(tensors, weights_sha256(tensors))
+        return self._load_tensors(tensors, weights_digest(tensors))
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> Digest:
         """The trainer's tensors in memory, hashed by the caller once (see :meth:`RolloutEngine.load_tensors`)."""
@@ -345,7 +345,7 @@ class VLLMEngine:
         adapter = load_safetensors_folder(folder, "adapter_model*.safetensors")
         if not adapter:
             raise WeightSyncError(f"{folder} holds no LoRA adapter (adapter_model.safetensors)")
-        digest = weights_sha256(adapter)
+        digest = weights_digest(adapter)
         with self._lock:
             self._loras += 1  # a new id: vLLM caches an adapter by id, and this one is new weights
             # vLLM reads the folder at the first request that uses it: a copy of its own (megabytes), which the

@@ -45,7 +45,7 @@ def build_services(ctx: RunContext, dataset: dict[str, Any], resume_dir: str | N
                    ) -> tuple[RunServices, ServicesStarted]:
     """Start the rollout engine, the trainer and the verifier pool of the run; prove they hold one policy."""
     from rlpipe.tokens import load_tokenizer, require_chat_template
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
 
     config, models = ctx.config, ctx.resolve_models()
     rows = prompt_rows(ctx.store, dataset)
@@ -58,7 +58,7 @@ def build_services(ctx: RunContext, dataset: dict[str, Any], resume_dir: str | N
     engine = _engine(ctx, rows, resume_dir, log)
     engine_s = time.perf_counter() - start
     trainer = _trainer(ctx, resume_dir)
-    expected = file_weights_sha256(policy_dir)
+    expected = file_weights_digest(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
     svc = RunServices(
@@ -105,11 +105,11 @@ def _engine(ctx: RunContext, rows: list[dict[str, Any]], resume_dir: str | None,
 def _resume_adapter(engine: Any, resume_dir: str | None) -> None:
     """An engine for adapter syncs holds the start model: on a resume it takes the save point's adapter, and then
     reports the save point's policy (its merged weights' hash)."""
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
     from rlpipe.training.checkpoint import ADAPTER
 
     if resume_dir:
-        engine.load_adapter(Path(resume_dir) / ADAPTER, file_weights_sha256(resume_dir))
+        engine.load_adapter(Path(resume_dir) / ADAPTER, file_weights_digest(resume_dir))
 
 
 def prompt_rows(store: Any, dataset: dict[str, Any]) -> list[dict[str, Any]]:

@@ -220,7 +220,7 @@ class RolloutService:
     def load(self, uri: str, sha256: str) -> dict[str, Any]:
         """The weights under ``uri`` into the engine: PermissionError outside ``runs/`` of this store,
         LookupError when no weights are there, ValueError when their hash is not ``sha256``."""
-        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_digest
 
         key = self.store.key_of(uri) if "://" in uri or uri.startswith("/") else uri.strip("/")
         if key is None or not key.startswith("runs/") or ".." in key.split("/"):
@@ -233,7 +233,7 @@ class RolloutService:
         with tempfile.TemporaryDirectory(prefix="rlpipe-rollout-") as tmp:
             for k in files:
                 (Path(tmp) / Path(k).name).write_bytes(self.store.get_bytes(k))
-            got = file_weights_sha256(tmp)
+            got = file_weights_digest(tmp)
             if got != sha256:
                 raise ValueError(f"{self.store.url(key)} holds weights {got[:12]}, the request expects {sha256[:12]}")
             held = self.engine.load_weights(tmp)
@@ -293,7 +293,7 @@ class RolloutService:
         """Close the open stream and return (its sha256, its tensors), proven whole: ValueError while buckets
         are missing (the stream stays open) or when the tensors' hash is not the declared one (it closes)."""
         from rlpipe.storage.weight_stream import join_buckets
-        from rlpipe.storage.weights import weights_sha256
+        from rlpipe.storage.weights import weights_digest
 
         with self._stream_lock:
             s = self._open(stream_id)
@@ -304,7 +304,7 @@ class RolloutService:
             self._stream = None
         tensors = join_buckets(s.received[k][1] for k in range(s.n_buckets))
         s.received.clear()
-        got = weights_sha256(tensors)
+        got = weights_digest(tensors)
         if got != s.sha256:
             raise ValueError(f"weight stream {stream_id}: the buckets hold weights {got[:12]}, the stream declared "
                              f"{s.sha256[:12]}; nothing was loaded (the engine keeps {self.engine.weights_sha256()[:12]})")
@@ -391,12 +391,12 @@ class LogprobsRequest(BaseModel):
 
 class WeightsRequest(BaseModel):
     uri: str = Field(min_length=1, description="Object-store URI (or key) of a folder with *.safetensors, under runs/.")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The weights' sha256 (rlpipe's tensor hash).")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The weights' digest (rlpipe's tensor hash, rlpipe.storage.weights).")
     timeout_s: float | None = Field(None, gt=0, le=3600)
 
 
 class StreamBegin(BaseModel):
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The weights' sha256 (rlpipe's tensor hash), the transfer's proof.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The weights' digest (rlpipe's tensor hash, rlpipe.storage.weights), the transfer's proof.")
     buckets: int = Field(ge=1, le=MAX_BUCKETS, description="How many buckets (PUT bodies) the stream has.")
     bytes: int = Field(ge=1, description="The bodies' bytes in all, or a bound on them: no more are taken.")
 
@@ -510,7 +510,7 @@ def _adapter_endpoint(app: Any, service: RolloutService) -> None:
         with _refused():
             service.require_lora()  # before megabytes are read
             if not re.fullmatch(r"[0-9a-f]{64}", version):
-                raise ValueError(f"version={version[:80]!r}: give the policy's sha256 (64 hex digits) as ?version=")
+                raise ValueError(f"version={version[:80]!r}: give the policy's weight digest (64 hex digits) as ?version=")
             data = await _body(request, service.max_adapter_bytes, "the adapter")
         return JSONResponse(await run_in_threadpool(load, data, version))
 

@@ -96,7 +96,7 @@ class TrainerService:
 
 class Artifact(BaseModel):
     uri: str = Field(min_length=1, description="Object-store URI (or key) of a folder under runs/<run_id>/.")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The sha256 of the folder's weights (rlpipe's tensor hash).")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The digest of the folder's weights (rlpipe's tensor hash).")
 
 
 class InitRequest(BaseModel):

@@ -75,7 +75,7 @@ class TrainerRanks:
     def _fetch(self, art: dict[str, str] | None, name: str, run_id: str) -> str | None:
         """A folder of the store into this rank's work dir, its weights checked against the expected sha256."""
         from rlpipe.resume import STATE_DONE
-        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_digest
 
         if art is None:
             return None
@@ -83,7 +83,7 @@ class TrainerRanks:
         shutil.rmtree(dest, ignore_errors=True)
         self.store.download_dir(run_key(self.store, art["uri"], run_id), dest)
         (dest / STATE_DONE).unlink(missing_ok=True)
-        got = file_weights_sha256(dest)
+        got = file_weights_digest(dest)
         if got != art["sha256"]:
             raise ValueError(f"{art['uri']} holds weights {got[:12]}, the request expects {art['sha256'][:12]}")
         return str(dest)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.tokens import load_tokenizer
 
 TRAINER_STATE = "trainer_state.json"
@@ -52,14 +52,14 @@ def save_checkpoint(
     tokenizer: Any,
     trainer_state: dict[str, Any] | None = None,
 ) -> str:
-    """Write weights, tokenizer and trainer state; returns the weight sha256 of what was written.
+    """Write weights, tokenizer and trainer state; returns the weights' digest of what was written.
 
     (The RL trainer's optimizer state is DeepSpeed's: see ``PolicyTrainer.save``.)"""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
-    digest = file_weights_sha256(folder)
+    digest = file_weights_digest(folder)
     state = dict(trainer_state or {})
     state["weights_sha256"] = digest
     (folder / TRAINER_STATE).write_text(json.dumps(state, indent=2, sort_keys=True, default=str))

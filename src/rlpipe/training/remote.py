@@ -24,9 +24,9 @@ class TrainerDown(ConnectionError):
 
 def upload_model(store: Any, run_id: str, what: str, folder: str | Path) -> dict[str, str]:
     """A model folder in the store under the run's prefix (once per content): {"uri", "sha256"}."""
-    from rlpipe.storage.weights import file_weights_sha256
+    from rlpipe.storage.weights import file_weights_digest
 
-    sha = file_weights_sha256(folder)
+    sha = file_weights_digest(folder)
     key = f"runs/{run_id}/trainer/{what}/{sha[:16]}"
     if not store.exists(f"{key}/_uploaded.json"):
         store.upload_dir(folder, key)
@@ -60,11 +60,11 @@ class RemoteTrainer:
     def _resume(self, resume_dir: str) -> dict[str, str]:
         """The run's checkpoint in the store that ``resume_dir`` is a copy of (uploaded first if it is not there whole)."""
         from rlpipe.resume import RunState
-        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_digest
         from rlpipe.training.checkpoint import read_trainer_state
 
         state = read_trainer_state(resume_dir)
-        k, sha = int(state["iteration"]), file_weights_sha256(resume_dir)
+        k, sha = int(state["iteration"]), file_weights_digest(resume_dir)
         run = RunState(self.store, Path(resume_dir), self.run_id)
         if not run.state_complete(k, sha):
             if not (Path(resume_dir) / "deepspeed").is_dir():
@@ -104,7 +104,7 @@ class RemoteTrainer:
 
         from rlpipe.storage.weight_stream import decode_buckets
         from rlpipe.guards import WeightSyncError
-        from rlpipe.storage.weights import weights_sha256
+        from rlpipe.storage.weights import weights_digest
 
         if self._handoff is None:
             parts = []
@@ -118,7 +118,7 @@ class RemoteTrainer:
                                           f"HTTP {r.status_code}: {r.text[:300]}")
                 parts.append(r.content)
             tensors = decode_buckets(parts)
-            if (got := weights_sha256(tensors)) != self.version:
+            if (got := weights_digest(tensors)) != self.version:
                 raise WeightSyncError(f"the weights streamed from {self.url} hash to {got[:12]}, the service reported "
                                       f"{self.version[:12]}: the transfer was not whole")
             self._handoff = (self.version, tensors)
@@ -139,7 +139,7 @@ class RemoteTrainer:
         """The top-level files of a checkpoint (weights, config, tokenizer, trainer state) into ``dest``, checked."""
         import shutil
 
-        from rlpipe.storage.weights import file_weights_sha256
+        from rlpipe.storage.weights import file_weights_digest
 
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
@@ -147,6 +147,6 @@ class RemoteTrainer:
             rel = key[len(prefix.strip("/")) + 1:]
             if "/" not in rel and not rel.startswith("_"):
                 (dest / rel).write_bytes(self.store.get_bytes(key))
-        if (got := file_weights_sha256(dest)) != sha256:
+        if (got := file_weights_digest(dest)) != sha256:
             raise ValueError(f"{self.store.url(prefix)} holds weights {got[:12]}, the trainer service reported {sha256[:12]}")
         return dest

@@ -25,7 +25,7 @@ import torch
 from rlpipe.algorithms.preference import preference_loss
 from rlpipe.config import RewardModelConfig
 from rlpipe.tokens import encode_chat_turn, encode_prompt, load_tokenizer
-from rlpipe.storage.weights import file_weights_sha256
+from rlpipe.storage.weights import file_weights_digest
 from rlpipe.training.checkpoint import ADAPTER
 
 __all__ = ["REWARD_STATS", "RewardModelTrainer", "RewardScorer", "RMTrainResult", "encode_response", "pair_accuracy"]
@@ -241,7 +241,7 @@ class RewardModelTrainer:
         return {"mean": mean, "std": std, "count": float(len(xs))}
 
     def save(self, folder: str | Path, stats: dict[str, Any]) -> str:
-        """HF weights + tokenizer + reward statistics (rank 0); the sha256 of the weights."""
+        """HF weights + tokenizer + reward statistics (rank 0); the digest of the weights (:func:`rlpipe.storage.weights.weights_digest`)."""
         folder = Path(folder)
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
@@ -253,7 +253,7 @@ class RewardModelTrainer:
                 self.module.save_pretrained(folder, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
             (folder / REWARD_STATS).write_text(json.dumps(stats, indent=2, sort_keys=True))
-        return file_weights_sha256(folder) if self.rank == 0 else ""
+        return file_weights_digest(folder) if self.rank == 0 else ""
 
 
 class RewardScorer:
@@ -271,7 +271,7 @@ class RewardScorer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         stats = folder / REWARD_STATS
         self.stats = json.loads(stats.read_text()) if stats.exists() else {}
-        self.weights_sha256 = file_weights_sha256(folder)
+        self.weights_sha256 = file_weights_digest(folder)
 
     def score_ids(self, seqs: Sequence[Sequence[int]]) -> list[float]:
         return score_all(self.model, seqs, self.tokenizer.pad_token_id, self.batch_size)

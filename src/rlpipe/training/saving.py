@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlpipe.storage.weights import weights_sha256
+from rlpipe.storage.weights import weights_digest
 from rlpipe.threads import done, on_thread
 from rlpipe.training.checkpoint import (
     ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, hf_checkpoint_tensors, read_trainer_state,
@@ -36,14 +36,14 @@ class Saving:
 
     def policy_tensors(self) -> tuple[str, dict[str, torch.Tensor]]:
         """The policy's weights as an engine takes them and ``save_pretrained`` writes them (HF names, tied copies
-        dropped, weight conversions reverted; under LoRA the merged weights), and their sha256: computed once per
+        dropped, weight conversions reverted; under LoRA the merged weights), and their digest: computed once per
         update and kept until the next one (:meth:`PolicyTrainer.update` drops it). The tensors are the module's own
         (no copy): an engine copies them in. Rank 0's; other ranks get the digest and an empty dict."""
         digest, tensors = self.handoff()
         return digest.result(), tensors
 
     def handoff(self) -> tuple[Future, dict[str, torch.Tensor]]:
-        """:meth:`policy_tensors` without waiting for the hash: the tensors now, their sha256 as a future. With one
+        """:meth:`policy_tensors` without waiting for the hash: the tensors now, their digest as a future. With one
         rank the hash runs on a thread of its own (one core) while the caller hands the tensors to an engine: the
         hash reads them, the engine copies them, neither writes. With several it is taken here and broadcast, in
         step on every rank."""
@@ -56,11 +56,11 @@ class Saving:
             tensors = hf_checkpoint_tensors(self._saved_model(), raw) if self.rank == 0 else {}
             self._raw_state = raw  # what save_pretrained is given: it drops tied copies and reverts conversions itself
             if self.world == 1:
-                digest = on_thread(lambda: weights_sha256(tensors), "rlpipe-weights-hash")
+                digest = on_thread(lambda: weights_digest(tensors), "rlpipe-weights-hash")
             else:
                 import torch.distributed as dist
 
-                box = [weights_sha256(tensors) if self.rank == 0 else ""]
+                box = [weights_digest(tensors) if self.rank == 0 else ""]
                 dist.broadcast_object_list(box, src=0)
                 digest = done(box[0])
             self._handoff = (digest, tensors)
@@ -71,7 +71,7 @@ class Saving:
         return self.engine.module.get_base_model() if self.cfg.lora else self.engine.module
 
     def export_weights(self, folder: str | Path, spare: Spare | str | Path | None = None) -> str:
-        """HF weights + tokenizer (rank 0); returns the sha256 of the weights written, which is
+        """HF weights + tokenizer (rank 0); returns the digest of the weights written, which is
         :meth:`policy_tensors`' (hashed once per update, from the tensors written). ``spare``: an earlier save point
         no longer needed, whose safetensors files are written over."""
         folder = Path(folder)
@@ -130,10 +130,10 @@ class Saving:
         return digest, write
 
     def adapter_sha256(self) -> str:
-        """sha256 of the LoRA adapter's tensors, from memory (what an engine fed the adapter must have read)."""
+        """The digest of the LoRA adapter's tensors, from memory (what an engine fed the adapter must have read)."""
         from peft import get_peft_model_state_dict
 
-        return weights_sha256(get_peft_model_state_dict(self.engine.module))
+        return weights_digest(get_peft_model_state_dict(self.engine.module))
 
     def export_adapter(self, folder: str | Path) -> str:
         """Only the LoRA adapter (peft's layout, megabytes), for an engine that serves the start weights with it;
