@@ -92,9 +92,22 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", allow_config_change
     """
     ctx = register_context(RunContext.resolve(config, check_run_id(run_id or new_run_id("rl"))))
     try:
+        _name_flow_run(ctx.run_id)
         return _train(ctx, allow_config_change)
     finally:
         forget_context(ctx.run_id)  # a run that stopped early leaves no context behind for a later run of its id
+
+
+def _name_flow_run(run_id: str) -> None:
+    """A run started without a run id (the deployment's default) names its flow run after the id it made up: the flow
+    run's name was rendered from the empty parameter, and the heal flow (flows/heal.py) and a person in the UI find
+    the run to resume by it."""
+    me = flow_run.get_id()
+    if me and flow_run.get_name() != run_id:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_name(me, run_id)
 
 
 def _train(ctx: RunContext, allow_config_change: bool) -> str | State:

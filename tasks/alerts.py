@@ -95,15 +95,20 @@ def raise_alerts(config: RunConfig, run_id: str, iteration: int, alerts: list[di
 
 def install_automations(path: Path = AUTOMATIONS_FILE, audit: Any = None) -> list[tuple[str, str]]:
     """Create or update (by name) every automation in ``path`` on the current Prefect API; returns
-    (name, "created" | "updated") pairs. Repeatable: a second install changes nothing but the definitions.
+    (name, "created" | "updated" | "skipped: <why>") pairs. Repeatable: a second install changes nothing but the
+    definitions. An action's ``deployment: FLOW/NAME`` is looked up and written as its ``deployment_id``; an
+    automation whose deployment is not on the server is skipped, naming the command that deploys it.
     ``audit`` (an :class:`rlpipe.audit.AuditLog`) records the install, once all are valid, before any is written."""
     import yaml
+    from prefect.client.orchestration import get_client
     from prefect.events.schemas.automations import AutomationCore
 
     data = yaml.safe_load(Path(path).read_text())
     items = data.get("automations") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError(f"{path}: expected a top-level 'automations:' list of automations")
+    with get_client(sync_client=True) as client:
+        items, skipped = _resolve_deployments(items, client)
     autos = []
     for k, item in enumerate(items):  # all checked before anything is written
         try:
@@ -111,13 +116,42 @@ def install_automations(path: Path = AUTOMATIONS_FILE, audit: Any = None) -> lis
         except Exception as e:
             name = item.get("name", "?") if isinstance(item, dict) else "?"
             raise ValueError(f"{path}: automation #{k} ({name}) is not valid: {e}") from None
+    skips = [(name, f"skipped: {why}") for name, why in skipped]
     if audit is None:
-        return _install(autos)
+        return _install(autos) + skips
     from prefect.settings import PREFECT_API_URL
 
     with audit.change("automations.install", {"prefect_api": str(PREFECT_API_URL.value() or "ephemeral"), "file": str(path)},
-                      {"automations": [a.name for a in autos]}):
-        return _install(autos)
+                      {"automations": [a.name for a in autos]} | ({"skipped": dict(skipped)} if skipped else {})):
+        return _install(autos) + skips
+
+
+def _resolve_deployments(items: list[Any], client: Any) -> tuple[list[Any], list[tuple[str, str]]]:
+    """The automations with each action's ``deployment: FLOW/NAME`` replaced by the deployment's id (Prefect's
+    run-deployment and pause-deployment actions take an id, known only once deployed), and (name, why) for each left
+    out because a deployment it names is not on the server."""
+    from prefect.exceptions import ObjectNotFound
+
+    out, skipped = [], []
+    for item in items:
+        if not isinstance(item, dict) or not any(isinstance(a, dict) and "deployment" in a for a in item.get("actions") or ()):
+            out.append(item)
+            continue
+        actions, missing = [], []
+        for a in item["actions"]:
+            if isinstance(a, dict) and "deployment" in a:
+                try:
+                    a = {k: v for k, v in a.items() if k != "deployment"} | {
+                        "deployment_id": str(client.read_deployment_by_name(a["deployment"]).id)}
+                except ObjectNotFound:
+                    missing.append(str(a["deployment"]))
+            actions.append(a)
+        if missing:
+            skipped.append((item.get("name", "?"), f"deployment {', '.join(missing)} is not on the server; deploy it "
+                            f"(prefect deploy --name {' --name '.join(m.split('/')[-1] for m in missing)}) and install again"))
+        else:
+            out.append(item | {"actions": actions})
+    return out, skipped
 
 
 def _install(autos: list[Any]) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ OOM_137 = ("Flow run infrastructure exited with non-zero status code 137. Proces
 
 @pytest.mark.parametrize("state, message, kind, resumable", [
     ("CRASHED", SIGKILL, "killed", True),
+    ("CRASHED", "Flow run process exited with non-zero status code -9.", "killed", True),  # a runner's words
     ("CRASHED", OOM_137, "oom", True),
     ("CRASHED", "Flow run infrastructure exited with non-zero status code 247. Process was terminated due to high "
                 "memory usage.", "oom", True),
