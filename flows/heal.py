@@ -94,9 +94,10 @@ def _act(client: Any, run: Any, case: Case, policy: HealPolicy) -> dict[str, Any
     audit, config = _audit_for(run)
     target = {"run_id": case.run_id or run.name, "flow_run": str(run.id), "deployment": case.deployment}
     details = {"reason": d.reason, "kind": case.failure.kind if case.failure else None,
-               "state": run.state.type.value if run.state else None, "message": (run.state.message or "")[:1000]
-               if run.state else "", "attempt": d.attempt, "max_attempts": policy.max_attempts, "delay_s": d.delay_s,
-               "pause_after": policy.pause_after, "orphans_crashed": case.orphans, "triggered_by": triggered_by(client)}
+               "state": run.state.type.value if run.state else None, "max_attempts": policy.max_attempts,
+               "pause_after": policy.pause_after, "triggered_by": triggered_by(client)}
+    details |= ({"attempt": d.attempt, "delay_s": d.delay_s} if d.action == "relaunch" else {}) | (
+        {"orphans_crashed": case.orphans} if case.orphans else {})
     what = f"run {case.run_id or run.name} (flow run {run.name}, {run.id})"
     new = None
     if d.action == "relaunch":

@@ -200,6 +200,7 @@ def test_failures_of_one_kind_pause_the_deployment_and_a_refused_resume_is_left(
     """No worker runs here: the relaunches stay scheduled, and each step sets the latest one's final state."""
     policy = {"max_attempts": 5, "backoff_s": 2.0, "backoff_max_s": 3.0, "pause_after": 3}
     with prefect_server(tmp_path, {"RLPIPE_HOME": str(home)}) as server:
+        installed = _install(server)  # before the heal deployment exists: skipped, saying how to fix it
         got = _scenarios(server, {
             "oom": {"deployment": "train-oom", "run_id": "rl-oom", "policy": policy, "steps": [
                 {"state": "CRASHED", "message": OOM_137}, _fail("OutOfMemoryError: CUDA out of memory."), _crash(137),
@@ -213,6 +214,11 @@ def test_failures_of_one_kind_pause_the_deployment_and_a_refused_resume_is_left(
         deps = {d["name"]: d for d in server.post("/deployments/filter", {})}
         train = _runs(server, "rl-train")
     oom, mixed, refused, twice = got["oom"], got["mixed"], got["refused"], got["twice"]
+    assert installed.returncode == 0 and "rlpipe-heal-failed-run" not in installed.stdout, installed.stderr[-3000:]
+    assert ("skipped  rlpipe-heal-failed-run: deployment rl-heal/heal is not on the server; deploy it (prefect deploy "
+            "--name heal) and install again") in installed.stderr
+    (rec,) = AuditLog(open_store()).read(action="automations.install")
+    assert "rlpipe-heal-failed-run" not in rec.details["automations"] and "rlpipe-heal-failed-run" in rec.details["skipped"]
     acts = {name: [(s["result"]["action"], s["result"]["attempt"], s["result"]["delay_s"]) for s in g["steps"]]
             for name, g in got.items()}
     assert acts["oom"] == [("relaunch", 1, 2.0), ("relaunch", 2, 3.0), ("pause", 0, 0.0), ("skip", 0, 0.0)]
