@@ -109,11 +109,13 @@ def _act(client: Any, run: Any, case: Case, policy: HealPolicy) -> dict[str, Any
         with audit.change("heal.pause", target, details) as rec:
             client.pause_deployment(run.deployment_id)
         log.error("%s is not relaunched and deployment %s is paused: %s. Fix the cause, then `prefect deployment resume "
-                  "%s` and start run %s again", what, case.deployment, d.reason, case.deployment, case.run_id)
+                  "%s` and start run %s again with its parameters (Retry on flow run %s in the Prefect UI)", what,
+                  case.deployment, d.reason, case.deployment, case.run_id, run.id)
     else:
         rec = _note(audit, f"heal.{d.action}", target, details)
-        log.warning("%s is not relaunched: %s", what, d.reason if d.action == "skip" else f"{d.reason}; start it "
-                    f"again by hand: prefect deployment run {case.deployment} --param run_id={case.run_id}")
+        log.warning("%s is not relaunched: %s", what, d.reason if d.action == "skip" else f"{d.reason}. Once the cause "
+                    f"is fixed, start it again with the same parameters (Retry on flow run {run.id} in the Prefect UI, "
+                    f"or a run of {case.deployment} with its config and run_id {case.run_id})")
     if case.orphans:
         log.info("marked Crashed the subflow runs the killed process left running: %s", ", ".join(case.orphans))
     _tag_run(config, case.run_id, rec)
