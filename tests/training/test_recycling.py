@@ -282,3 +282,83 @@ def test_a_spare_file_with_another_name_is_not_written_over(tmp_path):
     w.recycle(new, spare).save(_state(50_000, 2), str(new / rel))
     assert (spare / rel).exists() and os.stat(new / rel).st_ino != os.stat(stored).st_ino
     assert _same(w.load(stored), _state(50_000, 1)) and _same(w.load(str(new / rel)), _state(50_000, 2))
+
+
+# ---- written past the page cache: PageBuffer and write_file ----
+
+
+def _resident_bytes(path: Path) -> int:
+    """How many of the file's bytes sit in the page cache (util-linux fincore)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("fincore"):
+        pytest.skip("fincore (util-linux) is not installed")
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def test_a_page_buffer_grows_keeping_its_bytes_and_torch_loads_what_it_holds():
+    from rlpipe.training.checkpoint import PageBuffer
+
+    buf = PageBuffer()
+    buf.write(b"x" * 100)
+    big = {"t": torch.arange(600_000, dtype=torch.float32)}  # 2.4 MB: past the first 1 MiB
+    torch.save(big, buf.reset())
+    assert torch.equal(torch.load(io.BytesIO(bytes(buf.padded()[:buf.size])))["t"], big["t"])
+    assert len(buf.padded()) % 4096 == 0 and len(buf.padded()) - buf.size < 4096
+    buf.reset().write(b"abc")
+    buf.write(memoryview(b"defg"))
+    assert buf.size == 7 and bytes(buf.padded()[:7]) == b"abcdefg"
+
+
+def test_write_file_writes_the_exact_bytes_past_the_page_cache_over_a_longer_file(tmp_path):
+    from rlpipe.training.checkpoint import PageBuffer, write_file
+
+    data = os.urandom(3 * 1024 * 1024 + 123)  # not a whole number of pages or blocks
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"\xff" * (len(data) + 50_000))  # longer: must be cut to the new size
+    buf = PageBuffer()
+    buf.write(data)
+    write_file(path, buf)
+    assert _resident_bytes(path) == 0  # O_DIRECT: nothing went through the page cache ...
+    assert path.read_bytes() == data  # ... and the bytes and size are the buffer's
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(data)
+    assert _resident_bytes(plain) > 0  # what a write through the page cache leaves (the check can fail)
+
+
+def test_write_file_falls_back_to_a_plain_write_where_o_direct_is_refused(tmp_path, monkeypatch):
+    import errno
+
+    from rlpipe.training import checkpoint
+    from rlpipe.training.checkpoint import PageBuffer, write_file
+
+    real_open, tried = os.open, []
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            tried.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(checkpoint.os, "open", no_direct)
+    buf = PageBuffer()
+    buf.write(b"hello, page cache")
+    write_file(tmp_path / "f", buf)
+    assert tried and (tmp_path / "f").read_bytes() == b"hello, page cache"
+
+
+def test_exported_weights_go_through_the_kept_buffer_and_load_the_same(tmp_path):
+    from rlpipe.training.checkpoint import PageBuffer, RecyclingSafetensors
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {"b.weight": torch.randn(300, 700, generator=g), "a.bias": torch.randn(7, generator=g),
+               "c.half": torch.randn(5, 3, generator=g).to(torch.bfloat16), "d.empty": torch.zeros(0)}
+    buf = PageBuffer()
+    for k in range(2):  # the second export reuses the buffer
+        RecyclingSafetensors(tmp_path, None, buf).write(tensors, tmp_path / f"m{k}.safetensors", {"format": "pt"})
+        assert _resident_bytes(tmp_path / f"m{k}.safetensors") == 0  # before it is read back
+        back = load_file(tmp_path / f"m{k}.safetensors")
+        assert set(back) == set(tensors) and all(torch.equal(back[n], tensors[n]) for n in tensors)

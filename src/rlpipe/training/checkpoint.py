@@ -6,8 +6,9 @@ The weight hash (the policy version) comes from :mod:`rlpipe.storage.weights`; a
 
 from __future__ import annotations
 
-import io
+import errno
 import json
+import mmap
 import os
 import random
 import threading
@@ -25,8 +26,8 @@ from rlpipe.tokens import load_tokenizer
 TRAINER_STATE = "trainer_state.json"
 ADAPTER = "adapter"  # a LoRA save point's adapter folder (peft's adapter_config.json + adapter_model.safetensors)
 
-__all__ = ["ADAPTER", "TRAINER_STATE", "RecyclingSafetensors", "RecyclingWrites", "Spare", "load_checkpoint",
-           "read_trainer_state", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = ["ADAPTER", "TRAINER_STATE", "PageBuffer", "RecyclingSafetensors", "RecyclingWrites", "Spare", "load_checkpoint",
+           "read_trainer_state", "rng_state", "save_checkpoint", "set_rng_state", "write_file"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -110,11 +111,12 @@ class RecyclingWrites:
     the loop, benchmarks/history.md). Serialised into a buffer kept from the last save and written over the file
     of the same name in a save point that is no longer needed (``spare``, moved into place first), it took
     14–22 ms in 19 of 20 saves (the first fills the buffer). The bytes written are torch.save's, as before; without a spare the file is new.
+    The buffer is page-aligned, so the file is written past the page cache (:func:`write_file`).
     """
 
     def __init__(self, inner: Any):
         self.inner = inner
-        self.buffer = io.BytesIO()
+        self.buffer = PageBuffer()
         self.folder: Path | None = None
         self.spare: Spare | None = None
 
@@ -127,19 +129,11 @@ class RecyclingWrites:
         return self
 
     def save(self, state_dict: dict[str, Any], path: str) -> None:
-        self.buffer.seek(0)
         with _without_zip_crc():
-            torch.save(state_dict, self.buffer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)
-        size = self.buffer.tell()
+            torch.save(state_dict, self.buffer.reset(), _use_new_zipfile_serialization=self.inner.zipfile_serialization)
         if self.spare is not None and self.folder is not None:
             self.spare.take(Path(path).relative_to(self.folder), Path(path))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            with self.buffer.getbuffer() as view:
-                _pwrite_all(fd, view[:size], 0)
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
+        write_file(Path(path), self.buffer)
 
 
 @contextmanager
@@ -227,6 +221,76 @@ class Spare:
         return _mapped_files()
 
 
+class PageBuffer:
+    """A growable, page-aligned buffer in anonymous memory that ``torch.save`` (a file-like ``write``) and the
+    safetensors writer fill, kept from one save to the next: its pages are touched once, by the first save."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+        self.size = 0
+
+    def reset(self) -> "PageBuffer":
+        self.size = 0
+        return self
+
+    def reserve(self, n: int) -> memoryview:
+        """Room for ``n`` bytes in all (what was written is kept); the whole buffer's view."""
+        have = len(self._map) if self._map is not None else 0
+        if n > have:
+            want = max(n, 2 * have, 1 << 20)
+            grown = mmap.mmap(-1, want + (-want) % mmap.PAGESIZE)
+            if self._map is not None:
+                grown[:self.size] = self._map[:self.size]
+                self._map.close()
+            self._map = grown
+        return memoryview(self._map)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        self.reserve(self.size + n)[self.size:self.size + n] = view
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    def padded(self) -> memoryview:
+        """The bytes written, padded with what follows them up to a whole page (the buffer's own memory)."""
+        end = self.size + (-self.size) % mmap.PAGESIZE
+        return self.reserve(end)[:end]
+
+
+def write_file(path: Path, buffer: PageBuffer) -> None:
+    """The buffer's bytes as the file ``path`` (over it, where it exists), written with ``O_DIRECT``: straight from
+    the buffer to the disk, past the page cache. A save point's 1.36 GB at 113M took 1.2–2.9 s of CPU through the
+    page cache on this VM, each new page's first touch included, and 0.02 s direct (1 GiB: 0.43 s;
+    benchmarks/README.md). Where the file system refuses ``O_DIRECT`` (tmpfs) the file is written as before."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | direct, 0o644)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+        else:
+            try:
+                _pwrite_all(fd, buffer.padded(), 0)  # whole pages from page-aligned memory: what O_DIRECT asks
+                os.ftruncate(fd, buffer.size)
+                return
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+            finally:
+                os.close(fd)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        _pwrite_all(fd, buffer.padded()[:buffer.size], 0)
+        os.ftruncate(fd, buffer.size)
+    finally:
+        os.close(fd)
+
+
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     done = 0
     while done < len(view):
@@ -240,14 +304,16 @@ class RecyclingSafetensors:
     touch is slow. The weights are the larger part of a save point (exporting the 33.6M model's 134 MB took
     0.32–0.44 s into a new file, 0.095–0.099 s over the spare's; benchmarks/history.md). Each file is written
     straight from the tensors it is handed (a valid safetensors file that any reader loads; the tensors in name
-    order); a dtype it does not map goes to transformers' own writer. The weights' hash is the trainer's, taken
+    order); a dtype it does not map goes to transformers' own writer. With a ``buffer`` (a save point's, kept by the
+    trainer) the file is assembled there and written past the page cache (:func:`write_file`); without, it is
+    written from the tensors themselves. The weights' hash is the trainer's, taken
     once from the tensors handed over (``PolicyTrainer.policy_tensors``); a resume hashes the state's file.
 
     A context manager around one ``save_pretrained`` call of this thread; other threads' saves are untouched.
     """
 
-    def __init__(self, folder: Path, spare: Spare | Path | None):
-        self.folder, self.spare = Path(folder), Spare.of(spare)
+    def __init__(self, folder: Path, spare: Spare | Path | None, buffer: PageBuffer | None = None):
+        self.folder, self.spare, self.buffer = Path(folder), Spare.of(spare), buffer
         self._thread: int | None = None
         self._original: Any = None
 
@@ -277,6 +343,16 @@ class RecyclingSafetensors:
         header, offsets, size = _safetensors_header(cpu, metadata)
         if self.spare is not None and path.is_relative_to(self.folder):
             self.spare.take(path.relative_to(self.folder), path)
+        if self.buffer is not None:  # copied into the kept page-aligned buffer, and written from it past the page cache
+            self.buffer.reset().write(header)
+            view = self.buffer.reserve(len(header) + size)
+            for name, at in offsets:
+                if cpu[name].numel():
+                    data = cpu[name].reshape(-1).view(torch.uint8).numpy()
+                    view[len(header) + at:len(header) + at + len(data)] = data
+            self.buffer.size = len(header) + size
+            write_file(path, self.buffer)
+            return
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             _pwrite_all(fd, memoryview(header), 0)

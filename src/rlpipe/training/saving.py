@@ -18,8 +18,8 @@ import torch
 from rlpipe.storage.weights import weights_digest
 from rlpipe.threads import done, on_thread
 from rlpipe.training.checkpoint import (
-    ADAPTER, TRAINER_STATE, RecyclingSafetensors, RecyclingWrites, Spare, hf_checkpoint_tensors, read_trainer_state,
-    rng_state, set_rng_state,
+    ADAPTER, TRAINER_STATE, PageBuffer, RecyclingSafetensors, RecyclingWrites, Spare, hf_checkpoint_tensors,
+    read_trainer_state, rng_state, set_rng_state,
 )
 from rlpipe.training.lora import merged_state_dict
 
@@ -28,6 +28,9 @@ __all__ = ["Saving"]
 
 class Saving:
     """Save points of the trainer (part of ``PolicyTrainer``)."""
+
+    # The exported weights are assembled here and written past the page cache; kept from one save to the next.
+    _weights_buffer: PageBuffer | None = None
 
     @property
     def module(self) -> Any:
@@ -78,7 +81,9 @@ class Saving:
         digest, _ = self.policy_tensors()
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-            with RecyclingSafetensors(folder, Spare.of(spare)):
+            if self._weights_buffer is None:
+                self._weights_buffer = PageBuffer()
+            with RecyclingSafetensors(folder, Spare.of(spare), self._weights_buffer):
                 self._saved_model().save_pretrained(folder, state_dict=self._raw_state, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
         return digest
