@@ -350,6 +350,16 @@ def test_write_file_falls_back_to_a_plain_write_where_o_direct_is_refused(tmp_pa
     assert tried and (tmp_path / "f").read_bytes() == b"hello, page cache"
 
 
+def test_rlpipe_save_direct_io_0_writes_through_the_page_cache(tmp_path, monkeypatch):
+    from rlpipe.training.checkpoint import PageBuffer, write_file
+
+    monkeypatch.setenv("RLPIPE_SAVE_DIRECT_IO", "0")
+    buf = PageBuffer()
+    buf.write(os.urandom(1 << 20))
+    write_file(tmp_path / "f", buf)
+    assert _resident_bytes(tmp_path / "f") == 1 << 20
+
+
 def test_exported_weights_go_through_the_kept_buffer_and_load_the_same(tmp_path):
     from rlpipe.training.checkpoint import PageBuffer, RecyclingSafetensors
 
