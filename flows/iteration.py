@@ -136,12 +136,15 @@ def _register(ctx: RunContext, mlflow_run_id: str, dataset_version: str, iterati
 def _log_tracking(ctx: RunContext, mlflow_run_id: str, iteration: int, metrics: dict[str, float], fired: list,
                   ev: dict[str, Any] | None) -> None:
     """A direct call, not a task: per-iteration logging should not pay for a task run of its own. An iteration
-    redone after a resume (from the save point before it) was logged before the stop: not logged twice."""
+    redone after a resume (from the save point before it) was logged before the stop: not logged twice. The same
+    metrics go to the Pushgateway when one is set (:mod:`rlpipe.tracking.prom_push`; a failed push is a warning)."""
     if iteration <= ctx.logged_through:
         run_logger().info("iteration %d redone: its metrics were logged to MLflow before the resume", iteration)
         return
     tracker = ctx.tracker
     tracker.log_metrics(mlflow_run_id, metrics, iteration)
+    if ctx.pusher is not None:
+        ctx.pusher.push(iteration, metrics, run_logger())
     if fired:
         tracker.log_table(mlflow_run_id, [{"iteration": iteration} | a.as_dict() for a in fired], "alerts.json")
     if ev and ev.get("samples"):  # what the policy wrote, next to the numbers: MLflow's Evaluation view

@@ -60,6 +60,15 @@ if [ "${RLPIPE_NO_SYSTEM_PACKAGES:-0}" != 1 ]; then
       systemctl disable --now prometheus >/dev/null 2>&1 || true
     fi
   fi
+  # Debian's prometheus-pushgateway, which the run-metrics push tests start on a loopback port
+  # (tests/tracking/test_prom_push.py, tests/flows/test_run_metrics_push.py). Only `make test` asks for it.
+  if [ "${RLPIPE_INSTALL_TEST_TOOLS:-0}" = 1 ] && ! command -v prometheus-pushgateway >/dev/null 2>&1; then
+    apt_install prometheus-pushgateway "the Pushgateway tests skip until it is installed" --no-install-recommends
+    # Where systemd runs, the package also enables and starts a gateway on every interface (port 9091).
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      systemctl disable --now prometheus-pushgateway >/dev/null 2>&1 || true
+    fi
+  fi
 fi
 
 build_shared() {

@@ -37,6 +37,8 @@ class Settings(BaseModel):
     rollout_urls: tuple[str, ...] = Field(
         (), description="RLPIPE_ROLLOUT_URL: rollout service replicas (comma-separated) instead of an in-process engine")
     trainer_url: str | None = Field(None, description="RLPIPE_TRAINER_URL: update through the trainer service")
+    pushgateway_url: str | None = Field(
+        None, description="RLPIPE_PUSHGATEWAY_URL: push each iteration's metrics to this Prometheus Pushgateway")
 
     def for_run(self, cfg: RunConfig) -> "Settings":
         """These settings with the service URLs the config names where no RLPIPE_*_URL variable set one."""
@@ -83,6 +85,7 @@ def settings(environ: dict[str, str] | None = None) -> Settings:
         reward_model_url=env.get("RLPIPE_REWARD_MODEL_URL") or None,
         rollout_urls=tuple(u.strip() for u in env.get("RLPIPE_ROLLOUT_URL", "").split(",") if u.strip()),
         trainer_url=env.get("RLPIPE_TRAINER_URL") or None,
+        pushgateway_url=env.get("RLPIPE_PUSHGATEWAY_URL") or None,
     )
 
 

@@ -1,5 +1,5 @@
 """A run's context, resolved once: the settings for the run, its object store, its run folder, the two
-fingerprints of its config, the local paths of the models it names, and its tracker.
+fingerprints of its config, the local paths of the models it names, its tracker and its metrics pusher.
 
 The train flow builds it at the start and registers it under the run id; the tasks of every iteration
 ask for it (:func:`run_context`) instead of rebuilding each piece per call. The config it holds is the
@@ -21,6 +21,7 @@ from rlpipe.storage.store import ObjectStore, open_store
 
 if TYPE_CHECKING:
     from rlpipe.tracking.mlflow_utils import Tracker
+    from rlpipe.tracking.prom_push import MetricsPusher
 
 __all__ = ["ModelPaths", "RunContext", "find_context", "forget_context", "register_context", "run_context"]
 
@@ -66,6 +67,14 @@ class RunContext:
         from rlpipe.tracking.mlflow_utils import Tracker
 
         return Tracker(self.settings, self.config)
+
+    @cached_property
+    def pusher(self) -> "MetricsPusher | None":
+        """Where each iteration's metrics are pushed for Prometheus (RLPIPE_PUSHGATEWAY_URL), or None: one per run,
+        so that its back-off after a failed push outlives the iteration."""
+        from rlpipe.tracking.prom_push import metrics_pusher
+
+        return metrics_pusher(self.settings.pushgateway_url, self.run_id, self.config.tracking.experiment)
 
     def resolve_models(self) -> ModelPaths:
         """The policy, reference and critic models as local folders (fetched once per run)."""

@@ -55,6 +55,12 @@ def mlflow_ui_command(s: Settings) -> str:
 _METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-. :/]")  # what MLflow refuses in a metric name
 
 
+def metric_key(name: str) -> str:
+    """``name`` as MLflow stores it: a name built from user-given parts (a verifier "rm+exact") keeps only the
+    characters MLflow takes. The Pushgateway exporter labels its gauges with the same key."""
+    return _METRIC_NAME.sub("_", name)
+
+
 class Tracker:
     """Thin wrapper that pins the tracking URI per call (never set globally at import time)."""
 
@@ -145,9 +151,8 @@ class Tracker:
 
         now = int(time.time() * 1000)
         # NaN and ±inf are logged as they are (MLflow stores them): a non-finite loss must be seen.
-        # Names built from user-given parts (a verifier "rm+exact") keep only the characters MLflow takes.
         items = [
-            Metric(_METRIC_NAME.sub("_", k), float(v), now, step)
+            Metric(metric_key(k), float(v), now, step)
             for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
