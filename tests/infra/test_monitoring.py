@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpipe.services._common import Counters, _ServiceCollector
+from rlpipe.tracking import prom_push
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM, GRAFANA = ROOT / "infra" / "prometheus", ROOT / "infra" / "grafana"
@@ -27,6 +28,7 @@ SERVICES = ROOT / "src" / "rlpipe" / "services"
 RULES = sorted((PROM / "rules").glob("*.yml"))
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 PROMETHEUS_OWN = {"up"}  # series Prometheus makes itself for every target
+RUN_PUSHED = set(prom_push.EXPORTED)  # a run's metrics, pushed to the Pushgateway (rlpipe.tracking.prom_push)
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install "
@@ -192,7 +194,7 @@ def test_rules_read_only_exported_metrics():
 def test_dashboards_query_only_exported_or_recorded_metrics(path):
     dash = json.loads(path.read_text())
     exprs = dashboard_exprs(dash)
-    assert exprs and unknown_names(exprs, ALL_EXPORTED | recorded() | PROMETHEUS_OWN) == []
+    assert exprs and unknown_names(exprs, ALL_EXPORTED | RUN_PUSHED | recorded() | PROMETHEUS_OWN) == []
     datasources = {t["datasource"]["uid"] for p in dash["panels"] for t in p.get("targets", [])}
     provisioned = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert datasources == {d["uid"] for d in provisioned["datasources"]}
@@ -204,7 +206,7 @@ def test_a_renamed_metric_is_caught():
     dash = json.loads((GRAFANA / "dashboards" / "rlpipe-run.json").read_text())
     exprs = [(w, e.replace("rlpipe_rollout_tokens_total", "rlpipe_rollout_generated_tokens_total"))
              for w, e in dashboard_exprs(dash)]
-    assert unknown_names(exprs, ALL_EXPORTED | recorded()) == \
+    assert unknown_names(exprs, ALL_EXPORTED | RUN_PUSHED | recorded()) == \
         ["Rollout: tokens generated per second: rlpipe_rollout_generated_tokens_total"]
 
 
@@ -249,6 +251,20 @@ def test_promtool_unit_tests_fail_when_a_threshold_moves(tmp_path, old, new):
     assert got.returncode != 0 and "FAILED" in got.stdout + got.stderr
 
 
+def test_run_dashboard_charts_what_the_issue_asks():
+    """The run's own metrics, not only the services' view: reward, accuracy, KL, loss and grad norm, entropy and
+    response length, stage seconds, GPU memory and utilisation, the alert flags, for a chosen run."""
+    dash = json.loads((GRAFANA / "dashboards" / "rlpipe-run.json").read_text())
+    exprs = " ".join(e for _, e in dashboard_exprs(dash))
+    for key in ('"reward_mean"', '"accuracy"', '"kl"', '"loss"', '"grad_norm"', '"entropy"', '"response_length_mean"',
+                '"time/(generate|verify|update|eval|overhead)_s"', '_mem_bytes"', '_util"', '"alerts/.+"'):
+        assert key in exprs, key
+    assert all('run_id=~"$run_id"' in e for _, e in dashboard_exprs(dash) if "rlpipe_run_" in e)
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert "label_values(rlpipe_run_metric" in variables["run_id"]["definition"]
+    assert not [p for p in dash["panels"] if p["type"] == "text" and "not to Prometheus" in p["options"]["content"]]
+
+
 @needs_promtool
 def test_promtool_checks_the_config(tmp_path):
     """The config as compose mounts it, with its paths moved here: the token files (compose secrets) and the
@@ -289,3 +305,20 @@ def test_compose_provisions_prometheus_and_grafana():
     assert graf["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
     datasource = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_compose_runs_a_pushgateway_that_prometheus_scrapes_and_the_worker_pushes_to():
+    doc = yaml.safe_load((ROOT / "infra" / "compose.yaml").read_text())
+    services = doc["services"]
+    gw, worker = services["pushgateway"], services["worker"]
+    assert re.fullmatch(r"prom/pushgateway:v\d+\.\d+\.\d+", gw["image"]), gw["image"]
+    assert gw["ports"] == ["127.0.0.1:9091:9091"] and "--web.listen-address=0.0.0.0:9091" in gw["command"]
+    assert worker["environment"]["RLPIPE_PUSHGATEWAY_URL"] == "http://pushgateway:9091"
+    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "pushgateway")
+    assert job["honor_labels"] is True and job["static_configs"] == [{"targets": ["pushgateway:9091"]}]
+    # No authentication on the gateway: only the pusher and the scraper share its network, not the verifier
+    # (which runs model-written code), nor any other service.
+    on_it = {name for name, svc in services.items() if set(svc.get("networks", ["default"])) & set(gw["networks"])}
+    assert on_it == {"pushgateway", "worker", "prometheus"}, on_it
+    assert "pushgateway" in services["prometheus"]["depends_on"]
