@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpipe.net import free_port
+from rlpipe.procs import stop_group
 
 BINARY = shutil.which("prometheus-pushgateway")
 needs_pushgateway = pytest.mark.skipif(
@@ -38,13 +38,7 @@ class Pushgateway:
                 if s.name == name and labels.items() <= s.labels.items()}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_group(self.proc, grace_s=10)  # started in a session of its own
 
 
 def start_pushgateway(workdir: Path, timeout: float = 30.0) -> Pushgateway:
