@@ -104,7 +104,10 @@ def test_this_environment_is_exactly_the_locked_tree():
 
     flavour = ("torch-cpu.txt", "lock-cpu.txt") if torch.__version__.endswith("+cpu") else ("lock-cuda.txt",)
     locked = {n: v for lock in ("tools.txt", *flavour) for n, v in _pins(REQ / lock).items()}
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    # The site-packages folders only: setuptools (>= 71), once imported by anything in the session (DeepSpeed's op
+    # builds), appends its own _vendor folder to sys.path, whose vendored copies (packaging, zipp …) are no install.
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=site)}
     installed.pop("rlpipe", None)
     assert {n: (installed.get(n), v) for n, v in locked.items() if installed.get(n) != v} == {}
     assert sorted(set(installed) - set(locked)) == []
