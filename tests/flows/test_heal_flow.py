@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -83,12 +84,31 @@ def _deploy(server: PrefectServer) -> str:
 
 
 def _wait(what: str, until, timeout: float, log: Path, poll: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while (got := until()) is None:
-        assert time.monotonic() < deadline, f"{what}: not after {timeout} s; worker log:\n" + \
-            log.read_text(errors="replace")[-6000:]
+    """``until()`` once it is not None. A poll the server is too busy to answer in time (seen once in CI: a filter
+    request past 30 s while the relaunch started on 2 cores) is a poll that saw nothing yet, not a failure: the
+    deadline alone decides. The failure message carries the worker's and the server's log tails."""
+    deadline, slow = time.monotonic() + timeout, []
+    while (got := _poll(until, slow)) is None:
+        assert time.monotonic() < deadline, f"{what}: not after {timeout} s ({len(slow)} polls timed out); " \
+            "worker log:\n" + log.read_text(errors="replace")[-6000:] + "\nserver log:\n" + _server_log(log)[-4000:]
         time.sleep(poll)
     return got
+
+
+def _poll(until, slow: list):
+    try:
+        return until()
+    except urllib.error.HTTPError:
+        raise
+    except (TimeoutError, urllib.error.URLError) as e:
+        slow.append(e)
+        print(f"poll timed out: {e!r}", file=sys.stderr)
+        return None
+
+
+def _server_log(worker_log: Path) -> str:
+    path = worker_log.parent / "server.log"
+    return path.read_text(errors="replace") if path.exists() else "(none)"
 
 
 def _completed(server: PrefectServer) -> list[dict] | None:

@@ -25,13 +25,13 @@ class PrefectServer:
         self.api, self.env = api, env
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(f"{self.api}{path}", timeout=30) as r:
+        with urllib.request.urlopen(f"{self.api}{path}", timeout=60) as r:
             return json.loads(r.read())
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         req = urllib.request.Request(f"{self.api}{path}", data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())
 
     def events(self, prefix: str) -> list[dict[str, Any]]:
@@ -39,7 +39,7 @@ class PrefectServer:
         page = self.post("/events/filter", {"filter": {"event": {"prefix": [prefix]}, "order": "ASC"}, "limit": 50})
         out = list(page["events"])
         while page.get("next_page"):
-            with urllib.request.urlopen(page["next_page"], timeout=30) as r:
+            with urllib.request.urlopen(page["next_page"], timeout=60) as r:
                 page = json.loads(r.read())
             out += page["events"]
         return out
