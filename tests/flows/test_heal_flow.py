@@ -101,6 +101,8 @@ def _poll(until, slow: list):
     except urllib.error.HTTPError:
         raise
     except (TimeoutError, urllib.error.URLError) as e:
+        if isinstance(e, urllib.error.URLError) and not isinstance(e.reason, TimeoutError):
+            raise  # refused, reset: the server is gone, and waiting out the deadline would only hide it
         slow.append(e)
         print(f"poll timed out: {e!r}", file=sys.stderr)
         return None
