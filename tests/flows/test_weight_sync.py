@@ -107,7 +107,9 @@ def test_the_probe_catches_a_weight_the_read_back_cannot_see(tiny_checkpoint, tr
 
 def test_a_read_back_that_compares_nothing_is_an_error(tiny_checkpoint, monkeypatch):
     engine = get_engine("vllm", tiny_checkpoint, max_model_len=64)
-    monkeypatch.setattr(engine.llm, "apply_model", lambda fn: [(0, [])])
+    from rlpipe.rollout import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "_readback", lambda model, fed, tp=1: (0, []))
     with pytest.raises(WeightSyncError, match="compared no tensor"):
         engine.load_weights(tiny_checkpoint)
 

