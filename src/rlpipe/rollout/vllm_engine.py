@@ -64,9 +64,30 @@ def cpu_list(cpus: set[int] | list[int]) -> str:
 
 def cpu_env() -> dict[str, str]:
     """vLLM-CPU's settings where the caller set none: its OpenMP threads bound to the CPUs this process may run on
-    (all of a machine's, or a ``taskset``'s share: a rollout replica pinned beside a trainer), a 1 GiB KV cache."""
-    return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_list(os.sched_getaffinity(0)),
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    (all of a machine's, or a ``taskset``'s share: a rollout replica pinned beside a trainer). The KV cache's size
+    is :func:`kv_cache_bytes`'s, given to each engine, not set here for the whole process."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(os.sched_getaffinity(0)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+KV_CACHE_MB = "RLPIPE_VLLM_KV_CACHE_MB"
+
+
+def kv_cache_bytes() -> int | None:
+    """The KV cache of each vLLM engine this process starts, in bytes: ``RLPIPE_VLLM_KV_CACHE_MB`` MiB where set (a
+    size under vLLM-CPU's whole GiB: a test suite's many small engines, a small model), else on CPU vLLM's own
+    ``VLLM_CPU_KVCACHE_SPACE`` GiB or 1 GiB; on a GPU None (``rollout.gpu_memory_utilization`` decides). Both set is
+    an error: vLLM-CPU would take its own over ours without a word."""
+    mb, gib = os.environ.get(KV_CACHE_MB, ""), os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if mb:
+        if not mb.isdigit() or int(mb) < 1:
+            raise ValueError(f"{KV_CACHE_MB}={mb!r}: a whole number of MiB (at least 1)")
+        if gib and not torch.cuda.is_available():
+            raise ValueError(f"{KV_CACHE_MB}={mb} and VLLM_CPU_KVCACHE_SPACE={gib} both size vLLM's KV cache, and "
+                             "vLLM-CPU takes its own: unset one")
+        return int(mb) << 20
+    if torch.cuda.is_available():
+        return None
+    return (int(gib) if gib else 1) << 30
 
 
 def _readback(model: Any, fed: dict[str, torch.Tensor], tp: int = 1) -> tuple[int, list[str]]:
@@ -195,6 +216,7 @@ class VLLMEngine:
             # Multi-turn contexts are long enough to be chunked otherwise.
             enable_chunked_prefill=False,
             **_lora_options(lora_rank),
+            **({"kv_cache_memory_bytes": kv} if (kv := kv_cache_bytes()) else {}),
         )
         self.lora_rank, self._lora, self._loras = lora_rank, None, 0
         self._adapters = tempfile.TemporaryDirectory(prefix="rlpipe-vllm-lora-")
