@@ -202,3 +202,19 @@ def test_a_bad_automations_file_is_refused_before_anything_is_written(tmp_path):
     bad.write_text("- just a list\n")
     res = CliRunner().invoke(app, ["automations", "install", "--file", str(bad)])
     assert res.exit_code == 2 and "expected a top-level 'automations:' list" in res.output
+
+
+def test_the_mismatch_rule_is_left_out_where_the_sampler_is_an_update_behind():
+    """With rollout.async_steps: 1 the sampler's log-probs are the previous policy's: a gap the update made, not
+    the engine's numerics. The rule is not evaluated (it fired at every iteration of a 113M async run: 14–31% of
+    tokens), the metric stays logged, and the alert-inputs line says so."""
+    from rlpipe.config import settings
+    from rlpipe.doctor import run_checks
+
+    gap = BASE | {"mismatch/share_above": 0.3}
+    assert [a.rule for a in evaluate(cfg(), gap, [])[0]] == ["mismatch"]
+    off_policy = RunConfig.model_validate({"rollout": {"async_steps": 1, "prefetch": False}})
+    fired, flags = evaluate(off_policy, gap, [])
+    assert "mismatch" not in [a.rule for a in fired] and "alerts/mismatch" not in flags
+    (check,) = [c for c in run_checks(off_policy, settings(), engine=False, timeout_s=30) if c.component == "alert-inputs"]
+    assert check.status == "skip" and "alerts.mismatch (rollout.async_steps: 1" in check.detail

@@ -302,22 +302,33 @@ GPU_ALERTS = {"gpu_memory_growth": "resource/gpu_mem_peak_bytes/*", "gpu_util_lo
 
 
 def _alert_inputs(cfg: RunConfig, s: Settings) -> str:
-    """Whether the enabled GPU alert rules will get their inputs here. A rule without them is left out of every
-    iteration's evaluation, which must be said once rather than pass as a rule that stays quiet."""
+    """Whether the enabled alert rules will get their inputs here: the GPU rules need CUDA (and pynvml), the
+    mismatch rule a sampler on the trainer's policy. A rule without them is left out of every iteration's
+    evaluation, which must be said once rather than pass as a rule that stays quiet."""
+    rules = [r for r in GPU_ALERTS if getattr(cfg.alerts, r).enabled]
+    missing = [f"alerts.{r} ({why}: no {GPU_ALERTS[r]} metrics)" for r, why in _gpu_rules_unfed(rules).items()]
+    if cfg.alerts.mismatch.enabled and cfg.rollout.async_steps:
+        missing.append(f"alerts.mismatch (rollout.async_steps: {cfg.rollout.async_steps}: the sampler's policy is "
+                       "that many updates behind the trainer's, so the log-prob gap measures those updates, not the "
+                       "engine; mismatch/* is still logged)")
+    if missing:
+        raise _Skip("not evaluated in this run: " + "; ".join(missing))
+    if not rules:
+        raise _Skip("no GPU alert rule enabled")
+    return "alerts " + ", ".join(f"{r} on {GPU_ALERTS[r]}" for r in rules)
+
+
+def _gpu_rules_unfed(rules: list[str]) -> dict[str, str]:
+    """The GPU alert rules of ``rules`` that this machine cannot feed, and why."""
     import importlib.util
 
     import torch
 
-    rules = [r for r in GPU_ALERTS if getattr(cfg.alerts, r).enabled]
-    if not rules:
-        raise _Skip("no GPU alert rule enabled")
-    missing = {r: "no CUDA GPU" for r in rules} if not torch.cuda.is_available() else {}
-    if not missing and "gpu_util_low" in rules and importlib.util.find_spec("pynvml") is None:
-        missing["gpu_util_low"] = "pynvml is not installed: pip install nvidia-ml-py"
-    if missing:
-        raise _Skip("not evaluated in this run: " + "; ".join(f"alerts.{r} ({why}: no {GPU_ALERTS[r]} metrics)"
-                                                             for r, why in missing.items()))
-    return "alerts " + ", ".join(f"{r} on {GPU_ALERTS[r]}" for r in rules)
+    if not torch.cuda.is_available():
+        return {r: "no CUDA GPU" for r in rules}
+    if "gpu_util_low" in rules and importlib.util.find_spec("pynvml") is None:
+        return {"gpu_util_low": "pynvml is not installed: pip install nvidia-ml-py"}
+    return {}
 
 
 def _started_by_the_run(cfg: RunConfig, s: Settings) -> str:

@@ -61,7 +61,8 @@ class MemoryGrowthRule(_Rule):
 
 class MismatchRule(_Rule):
     max_share: float = Field(0.1, gt=0, le=1, description="Fires when more than this share of sampled tokens has "
-                             "|log π_trainer − log π_sampler| above train.mismatch_threshold (mismatch/share_above).")
+                             "|log π_trainer − log π_sampler| above train.mismatch_threshold (mismatch/share_above). Not "
+                             "evaluated with rollout.async_steps above 0: the sampler's policy is then an update behind.")
 
 
 class RewardHackingRule(_Rule):
