@@ -1,4 +1,5 @@
-"""Session-wide fixtures: an isolated RLPIPE_HOME, one S3 server, one Prefect harness, one tiny model."""
+"""Session-wide fixtures (per pytest-xdist worker): an isolated RLPIPE_HOME, one S3 server, one Prefect harness,
+one tiny model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # 1 GiB KV cache each the process neared the machine's 24 GB. The suite's models need a few MiB of it.
 if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
     os.environ.setdefault("RLPIPE_VLLM_KV_CACHE_MB", "128")
+# `make test` runs the suite in two pytest-xdist workers, each with its own session fixtures. Each gets its own
+# sandbox uids (64 each, 100 apart below the default base), so that one worker's check for leftover sandbox
+# processes (tests/sandbox/conftest.py) never sees the other's live ones.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and "RLPIPE_SANDBOX_UID_BASE" not in os.environ:
+    os.environ["RLPIPE_SANDBOX_UID_BASE"] = str(61000 - 100 * int(_WORKER[2:]))
 
 
 def pytest_collection_modifyitems(config, items):

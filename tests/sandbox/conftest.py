@@ -41,8 +41,9 @@ def _status(pid: str) -> str | None:
         return None
 
 
-def sandbox_processes() -> list[tuple[int, int, str]]:
-    """(pid, uid, name) of every live process with a sandbox uid (any of real/effective/saved/fs)."""
+def sandbox_processes(zombies: bool = False) -> list[tuple[int, int, str]]:
+    """(pid, uid, name) of every live process with a sandbox uid (any of real/effective/saved/fs); with
+    ``zombies``, those not yet reaped too."""
     uids = sandbox_uid_range()
     out = []
     for p in os.listdir("/proc"):
@@ -53,7 +54,7 @@ def sandbox_processes() -> list[tuple[int, int, str]]:
             continue
         fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
         ids = [int(x) for x in fields.get("Uid", "").split()]
-        if fields.get("State", "").strip().startswith("Z"):
+        if fields.get("State", "").strip().startswith("Z") and not zombies:
             continue
         hit = [u for u in ids if u in uids]
         if hit:
