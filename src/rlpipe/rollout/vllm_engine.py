@@ -418,7 +418,24 @@ class VLLMEngine:
         return resolved(self._sha)
 
     def close(self) -> None:
+        """Give the engine's memory back to the process. vLLM freezes what its start allocated (weights, KV cache)
+        out of the garbage collector's reach, so a closed engine kept it all (~1 GB each at a 1-GiB KV cache);
+        its own shutdown undoes that but also tears down vLLM's process-wide parallel state, which the process's
+        other engines still use (their next step fails "pipeline model parallel group is not initialized"). So:
+        that shutdown detached, the collector given the frozen objects, the survivors frozen again. The config's
+        attention layers (which hold the KV cache) are let go first: vLLM logs its config object at start, and a
+        log handler that keeps records (pytest's does) would otherwise keep the whole cache alive."""
         import gc
 
-        del self.llm
+        from vllm.v1.engine.core_client import InprocClient
+
+        engine = self.llm.llm_engine
+        if isinstance(engine.engine_core, InprocClient):  # always here (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+            engine.engine_core._finalizer.detach()
+        engine.vllm_config.compilation_config.static_forward_context.clear()
+        del self.llm, engine
+        gc.unfreeze()
         gc.collect()
+        gc.freeze()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
