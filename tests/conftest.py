@@ -25,6 +25,20 @@ if _WORKER.startswith("gw") and "RLPIPE_SANDBOX_UID_BASE" not in os.environ:
     os.environ["RLPIPE_SANDBOX_UID_BASE"] = str(61000 - 100 * int(_WORKER[2:]))
 
 
+def _patient_httpx(timeout_s: float = 60.0) -> None:
+    """The tests' own one-off calls (``httpx.get(url)``) wait up to ``timeout_s`` instead of httpx's 5 s: beside the
+    other worker a server a test just started can take longer to answer its first request (the stack's MLflow
+    server took over 5 s to create an experiment). rlpipe's own code always sets its timeouts; nor does this reach
+    the processes the tests start."""
+    import httpx
+
+    for name in ("get", "post", "put", "patch", "delete", "head", "options", "request"):
+        getattr(httpx, name).__kwdefaults__["timeout"] = httpx.Timeout(timeout_s)
+
+
+_patient_httpx()
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
