@@ -68,10 +68,14 @@ class CpuPerIteration:
     def _watch(self) -> None:
         from rlpipe.tracking.resources import tree_cpu_s
 
-        seen = -1
+        seen, stamp = -1, None
         while not self._stop.wait(0.02):
-            try:
+            try:  # read only when the file moved: this thread shares the run's process (and its GIL)
+                now = self.progress.stat().st_mtime_ns
+                if now == stamp:
+                    continue
                 done = json.loads(self.progress.read_text()).get("completed_iteration", -1)
+                stamp = now
             except (OSError, ValueError):  # not written yet, or caught mid-replace
                 continue
             if done > seen:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from rlpipe.storage.store import open_store
@@ -15,7 +16,7 @@ HOG = "import time\nx = bytearray(300 * 2**20)\nx[::4096] = b'1' * len(x[::4096]
 
 
 def test_a_child_s_cpu_and_memory_are_the_stage_s(tmp_path):
-    mon = ResourceMonitor(interval_s=0.05).start()
+    mon = ResourceMonitor(interval_s=0.05, relist_s=0.05).start()
     mark = mon.begin()
     with mon.stage("hog"):
         child = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE, text=True)
@@ -31,6 +32,23 @@ def test_a_child_s_cpu_and_memory_are_the_stage_s(tmp_path):
     assert m["resource/rss_peak_bytes/hog"] >= m["resource/rss_peak_bytes/quiet"] + 250 * 2**20
     assert m["store/bytes_written"] == 5000
     assert 0 < m["resource/rss_bytes"] < m["resource/rss_peak_bytes/hog"]
+
+
+def test_the_tree_is_listed_every_relist_s_and_sampled_between():
+    """The listing of the process tree (a scan of every process on the machine) is renewed every ``relist_s``; the
+    RSS of what it lists is read every ``interval_s``: a child started after a listing counts from the next one."""
+    mon = ResourceMonitor(interval_s=0.02, relist_s=0.6).start()
+    time.sleep(0.1)  # the first listing is made: without a child
+    before = psutil.Process().memory_info().rss
+    with mon.stage("hog"):
+        child = subprocess.Popen([sys.executable, "-c", HOG.replace("1.0", "0.0")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            time.sleep(0.8)  # past relist_s: listed, then sampled with its 300 MiB
+        finally:
+            child.kill()
+            child.wait()
+    assert mon._peaks["hog"] >= before + 250 * 2**20
 
 
 @pytest.mark.parametrize("rss,fires", [

@@ -30,10 +30,11 @@ def _tree(proc: psutil.Process) -> list[psutil.Process]:
         return [proc]
 
 
-def tree_cpu_s(proc: psutil.Process) -> float:
-    """User + system CPU-seconds of ``proc``, its reaped children and its live descendants."""
+def tree_cpu_s(proc: psutil.Process, members: Sequence[psutil.Process] | None = None) -> float:
+    """User + system CPU-seconds of ``proc``, its reaped children and its live descendants (``members``: a listing
+    of them made earlier)."""
     total = 0.0
-    for p in _tree(proc):
+    for p in members if members is not None else _tree(proc):
         try:
             t = p.cpu_times()
         except psutil.Error:  # gone between listing and reading
@@ -54,17 +55,28 @@ def tree_rss(proc: psutil.Process, members: Sequence[psutil.Process] | None = No
 
 
 class ResourceMonitor:
-    def __init__(self, interval_s: float = 0.2, pid: int | None = None):
+    """``interval_s``: between two samples of the tree's RSS; ``relist_s``: between two listings of the tree itself
+    (it scans every process on the machine, milliseconds where there are thousands, and changes rarely: a verifier
+    pool's or a server's start). A child started since the last listing is counted from the next one."""
+
+    def __init__(self, interval_s: float = 0.2, pid: int | None = None, relist_s: float = 2.0):
         self.proc = psutil.Process(pid or os.getpid())
-        self.interval_s = interval_s
+        self.interval_s, self.relist_s = interval_s, relist_s
         self._lock = threading.Lock()
         self._stage: str | None = None
         self._peaks: dict[str, int] = {}
         self._thread: threading.Thread | None = None
-        # Listing the process tree scans every process on the machine (psutil reads each one's parent): the
-        # sampling thread lists it at each sample, a stage's start and end reuse its latest listing.
+        # Listing the process tree scans every process on the machine (psutil reads each one's parent; 37 ms at
+        # 1,071 processes here): the sampling thread lists it every relist_s, and everything else (a stage's start
+        # and end, an iteration's mark and metrics, on the run's own thread) reuses its latest listing.
         self._members: list[psutil.Process] | None = None
         self._busy: _GpuBusy | None = None  # made by the sampling thread (it imports torch)
+
+    def _listing(self) -> list[psutil.Process]:
+        """The sampling thread's latest listing of the tree (at most ``relist_s`` old); one made now if none is."""
+        if self._members is None:
+            self._members = _tree(self.proc)
+        return self._members
 
     def _sample(self, relist: bool = False) -> None:
         if relist or self._members is None:
@@ -76,8 +88,11 @@ class ResourceMonitor:
 
     def _loop(self) -> None:
         self._busy = _GpuBusy()
+        listed = -float("inf")
         while True:
-            self._sample(relist=True)
+            relist = time.monotonic() - listed >= self.relist_s
+            self._sample(relist=relist)
+            listed = time.monotonic() if relist else listed
             self._busy.sample()
             time.sleep(self.interval_s)
 
@@ -112,14 +127,15 @@ class ResourceMonitor:
             self._peaks.clear()
         if self._busy is not None:
             self._busy.reset()
-        return {"t": time.perf_counter(), "cpu_s": tree_cpu_s(self.proc), "bytes": float(bytes_written())}
+        return {"t": time.perf_counter(), "cpu_s": tree_cpu_s(self.proc, self._listing()), "bytes": float(bytes_written())}
 
     def metrics(self, mark: dict[str, float]) -> dict[str, float]:
         """The iteration's resource metrics since ``mark``."""
         wall = max(time.perf_counter() - mark["t"], 1e-9)
-        cpu = tree_cpu_s(self.proc) - mark["cpu_s"]
+        members = self._listing()
+        cpu = tree_cpu_s(self.proc, members) - mark["cpu_s"]
         out = {"resource/cpu_s": cpu, "resource/cpu_util": cpu / wall / (os.cpu_count() or 1),
-               "resource/rss_bytes": float(tree_rss(self.proc)), "store/bytes_written": bytes_written() - mark["bytes"]}
+               "resource/rss_bytes": float(tree_rss(self.proc, members)), "store/bytes_written": bytes_written() - mark["bytes"]}
         with self._lock:
             for stage, peak in self._peaks.items():
                 kind, _, name = stage.rpartition(":")
