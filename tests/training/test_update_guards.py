@@ -177,8 +177,8 @@ def test_two_steps_equal_clipped_adamw_by_hand(tiny_checkpoint):
 
 
 def test_steps_under_the_clip_equal_unclipped_adamw_by_hand(tiny_checkpoint):
-    """Under the clip the trainer multiplies nothing (×1 changes no bit): its steps land where unclipped hand-written
-    AdamW steps land, and the clipped ones elsewhere."""
+    """Under the clip (the trainer's path that leaves the gradients as they are) the steps land where unclipped
+    hand-written AdamW steps land, and clipped ones elsewhere."""
     import random
 
     clip, lr = 1e6, 1e-3

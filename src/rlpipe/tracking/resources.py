@@ -79,9 +79,9 @@ class ResourceMonitor:
         return self._members
 
     def _sample(self, relist: bool = False) -> None:
-        if relist or self._members is None:
+        if relist:
             self._members = _tree(self.proc)
-        rss = tree_rss(self.proc, self._members)
+        rss = tree_rss(self.proc, self._listing())
         with self._lock:
             if self._stage is not None:
                 self._peaks[self._stage] = max(self._peaks.get(self._stage, 0), rss)
@@ -90,9 +90,11 @@ class ResourceMonitor:
         self._busy = _GpuBusy()
         listed = -float("inf")
         while True:
-            relist = time.monotonic() - listed >= self.relist_s
-            self._sample(relist=relist)
-            listed = time.monotonic() if relist else listed
+            if time.monotonic() - listed >= self.relist_s:
+                self._sample(relist=True)
+                listed = time.monotonic()
+            else:
+                self._sample()
             self._busy.sample()
             time.sleep(self.interval_s)
 
