@@ -148,6 +148,10 @@ def test_the_trainers_side_of_the_probe_runs_ahead_on_a_thread(standins):
     proof = SyncProof(ProbeBatch(PROMPTS, CONTS), tolerance=1e-3)
     ahead = proof.trainer_ahead(t)
     assert ahead is not None and ahead.result() == t.sequence_logprobs(PROMPTS, CONTS)
+    saved = []  # the probe's forward builds no autograd graph: nothing is kept for a backward that never comes
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(tuple(x.shape)) or x, lambda x: x):
+        t.sequence_logprobs(PROMPTS, CONTS)
+    assert saved == []
 
     class Service:  # what SyncProof reads of a trainer service: it is remote
         remote, world = True, 1

@@ -193,6 +193,7 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         step = self.cfg.micro_batch_size
         return [order[start : start + step] for start in range(0, len(order), step)]
 
+    @torch.no_grad()  # also on the probe's own thread (SyncProof.trainer_ahead), where grad mode is on by default
     def sequence_logprobs(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
         """log π(c_t | prompt, c_<t) of each continuation token under the trainer's weights at temperature 1
         (the weight-sync probe compares these with the engine's)."""
