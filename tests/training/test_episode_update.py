@@ -28,7 +28,9 @@ def episodes(tiny_checkpoint):
 
 
 def _capture(model):
-    """Record (input_ids, d loss / d logits) of every forward pass that builds a graph."""
+    """Record (input_ids, d loss / d final hidden states) of every forward pass that builds a graph: the final norm's
+    output at position t feeds only the output layer's logits at t (those predicting token t+1), so its gradient
+    there is zero exactly where those logits got none (the output layer computes none at a prompt's positions)."""
     seen, ids = [], {}
 
     def pre(_, args, kwargs):
@@ -40,7 +42,7 @@ def _capture(model):
             out.register_hook(lambda g: seen.append((batch, g.detach().clone())))
 
     model.register_forward_pre_hook(pre, with_kwargs=True)
-    model.lm_head.register_forward_hook(post)
+    model.model.norm.register_forward_hook(post)
     return seen
 
 

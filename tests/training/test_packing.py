@@ -68,13 +68,14 @@ def test_packed_forward_equals_padded(tiny_checkpoint):
         packed = collate(samples, {}, t.tokenizer.pad_token_id, pack=True)
         lp_pad, logits_pad = t._forward(padded, model)
         lp_pack, logits_pack = t._forward(packed, model)
-    keep = padded.attention_mask[:, 1:].bool()
+    keep = padded.resp.bool()
     assert packed.packed.input_ids.numel() < padded.input_ids.numel()  # fewer positions computed
+    assert logits_pad.shape[0] == logits_pack.shape[0] == int(keep.sum())  # logits only where a response token is predicted
     assert torch.allclose(lp_pack[keep], lp_pad[keep], atol=1e-5)
     from rlpipe.algorithms.functional import entropy_from_logits
 
-    ent_pad = entropy_from_logits(logits_pad)[keep]
-    ent_pack = packed.unpack(entropy_from_logits(logits_pack))[keep]
+    ent_pad = padded.scatter(entropy_from_logits(logits_pad), padded.predicting[1])[keep]
+    ent_pack = packed.scatter(entropy_from_logits(logits_pack), packed.predicting[1])[keep]
     assert torch.allclose(ent_pack, ent_pad, atol=1e-5)
 
 

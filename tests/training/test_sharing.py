@@ -99,8 +99,8 @@ def test_shared_forward_equals_padded(tiny_checkpoint):
     assert not torch.equal(lp_sh[keep], torch.zeros_like(lp_sh[keep]))
     from rlpipe.algorithms.functional import entropy_from_logits
 
-    ent_pad = entropy_from_logits(logits_pad)[keep]
-    assert torch.allclose(shared.unpack(entropy_from_logits(logits_sh))[keep], ent_pad, atol=1e-5)
+    ent_pad = padded.scatter(entropy_from_logits(logits_pad), padded.predicting[1])[keep]
+    assert torch.allclose(shared.scatter(entropy_from_logits(logits_sh), shared.predicting[1])[keep], ent_pad, atol=1e-5)
 
 
 @pytest.mark.parametrize("preset", [{"loss_agg_mode": "seq_mean_token_mean", "entropy_coef": 0.01},

@@ -13,8 +13,11 @@ by a token budget.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -22,7 +25,7 @@ import torch
 from rlpipe.storage.samples import Sample
 
 __all__ = ["PACK_MIN_SAVING", "PACK_ROW", "SHARE_UNIT", "MicroBatch", "Packing", "check_packing", "collate", "pack_rows",
-           "pack_shared", "prompt_units", "token_bins"]
+           "logits_at", "pack_shared", "prompt_units", "token_bins"]
 
 # A packed row holds at least this many tokens: rows of sequences, not one short sequence per row (the
 # attention's per-row cost dominates at a few tokens per sequence). 64 came out of an informal sweep of 16–256
@@ -63,6 +66,7 @@ class MicroBatch:
     targets: torch.Tensor  # (b, L-1) next-token ids
     mask: torch.Tensor  # (b, L-1) 1 where the target is a trained response token
     action: torch.Tensor  # (b, L-1) 1 on the policy's response tokens (the critic's mask)
+    resp: torch.Tensor  # (b, L-1) 1 where a response token is predicted (the policy's and the environment's)
     tok: dict[str, torch.Tensor]  # (b, L-1) per-token inputs: old_logprobs, advantages, ref_logprobs, …
     packed: Packing | None = None  # train.pack_sequences, where it saves: the layout the forward passes run in
 
@@ -72,7 +76,23 @@ class MicroBatch:
             return self
         packed = self.packed and self.packed.to(device)
         return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.targets.to(device),
-                      self.mask.to(device), self.action.to(device), {k: v.to(device) for k, v in self.tok.items()}, packed)
+                          self.mask.to(device), self.action.to(device), self.resp.to(device),
+                          {k: v.to(device) for k, v in self.tok.items()}, packed)
+
+    @cached_property
+    def predicting(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position that predicts a response token: its flat index in the forward's input, (b, L) padded or
+        (R, C) packed (what :func:`logits_at` takes), and its flat index in the padded (b, L-1) layout (what
+        :meth:`scatter` takes), in the same order. A shared prompt's last position repeats (it predicts each
+        of its responses' first token)."""
+        where = self.resp.reshape(-1) > 0
+        if self.packed is None:
+            dst = where.nonzero().squeeze(1)
+            src, width = dst, self.input_ids.shape[1]
+        else:
+            keep = where[self.packed.dst]
+            src, dst, width = self.packed.src[keep], self.packed.dst[keep], self.packed.input_ids.shape[1]
+        return src // (width - 1) * width + src % (width - 1), dst
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """A per-position (R, C-1, …) tensor of the packed forward in the padded (b, L-1, …) layout (0 elsewhere);
@@ -81,12 +101,36 @@ class MicroBatch:
             return x
         return self.scatter(x.reshape(-1, *x.shape[2:])[self.packed.src])
 
-    def scatter(self, x: torch.Tensor) -> torch.Tensor:
-        """Values (n, …) of the packed layout's predicting positions, in ``src`` order, in the padded (b, L-1, …)
-        layout (0 elsewhere); gradients flow through."""
+    def scatter(self, x: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+        """Values (n, …) at the positions ``dst`` (flat in the padded layout; default: the packed layout's
+        predicting positions, in ``src`` order) in the padded (b, L-1, …) layout (0 elsewhere); gradients flow
+        through."""
         rest = x.shape[1:]
         flat = torch.zeros((self.targets.numel(), *rest), dtype=x.dtype, device=x.device)
-        return flat.index_put((self.packed.dst,), x).view(*self.targets.shape, *rest)
+        return flat.index_put((self.packed.dst if dst is None else dst,), x).view(*self.targets.shape, *rest)
+
+
+@contextmanager
+def logits_at(model: Any, at: torch.Tensor) -> Iterator[None]:
+    """Within, ``model``'s output layer (``get_output_embeddings()``) computes logits only at ``at``: flat indices
+    into its input's (rows, positions), in that order, returned as (1, n, vocabulary). At a hub vocabulary
+    (150k) the output layer is a quarter of a 0.5B model's forward and its logits the largest activations; a
+    prompt's positions need none. Only in the calling thread (the trainer's probe may run on another). ``model``:
+    an HF causal LM, or a DeepSpeed engine or peft model around one."""
+    head = getattr(model, "module", model).get_output_embeddings()
+    owner = threading.get_ident()
+
+    def take(_module: Any, args: tuple) -> tuple | None:
+        if threading.get_ident() != owner:
+            return None
+        h = args[0]
+        return (h.reshape(-1, h.shape[-1]).index_select(0, at).unsqueeze(0), *args[1:])
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _rows(lengths: Sequence[int], row: int) -> tuple[list[list[int]], int]:
@@ -246,6 +290,7 @@ def collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[fl
         return torch.tensor(out, dtype=torch.float32).view(len(samples), width - 1)
 
     action = aligned([s.action_mask for s in samples])
+    resp = aligned([[1.0] * len(s.response_ids) for s in samples])
     mask = aligned(train_masks if train_masks is not None else [s.action_mask for s in samples])
     tok = {k: aligned(rows) for k, rows in per_token.items()}
     packed = None
@@ -258,7 +303,7 @@ def collate(samples: Sequence[Sample], per_token: dict[str, Sequence[Sequence[fl
             packed = pack_rows(seqs, width, pad_id)
     if packed is not None and packed.input_ids.numel() > (1.0 - PACK_MIN_SAVING) * ids.numel():
         packed = None  # little padding to save: rows of sequences would only add attention work
-    return MicroBatch(ids, att, ids[:, 1:], mask, action, tok, packed)
+    return MicroBatch(ids, att, ids[:, 1:], mask, action, resp, tok, packed)
 
 
 def token_bins(lengths: Sequence[int], ids: Sequence[int], budget: int, packed: bool) -> list[list[int]]:

@@ -36,7 +36,7 @@ from rlpipe.tokens import load_tokenizer
 from rlpipe.training.checkpoint import ADAPTER
 from rlpipe.training.engines import EngineSetup, checkpoint_activations, init_distributed
 from rlpipe.training.lora import float_weights, upcast_frozen, with_lora
-from rlpipe.training.packing import MicroBatch, check_packing, collate, token_bins
+from rlpipe.training.packing import MicroBatch, check_packing, collate, logits_at, token_bins
 from rlpipe.training.saving import Saving
 from rlpipe.training.steps import OptimizerSteps
 from rlpipe.training.update_math import UpdateMath
@@ -118,18 +118,22 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
 
     # -- the update -------------------------------------------------------------------------
     def _forward(self, micro: MicroBatch, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the targets in the padded layout, and the logits in the layout the forward ran in
-        (``micro.unpack`` maps what is computed from them)."""
-        if micro.packed is None:
-            with self._autocast():
-                logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
-            return token_logprobs(logits, micro.targets, self.temperature), logits
+        """Log-probs of the targets in the padded layout (0 where no response token is predicted), and the logits
+        (n, V) of the positions that predict a response token, in ``micro.predicting``'s order: the output layer
+        computes none at a prompt's positions (:func:`logits_at`)."""
+        at, dst = micro.predicting
         p = micro.packed
-        with self._autocast():
-            logits = model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask,
-                           use_cache=False).logits[:, :-1]
-        picked = logits.reshape(-1, logits.shape[-1])[p.src]  # the predicting positions only (a shared prompt's repeats)
-        return micro.scatter(token_logprobs(picked, micro.targets.reshape(-1)[p.dst], self.temperature)), logits
+        inputs = ({"input_ids": micro.input_ids, "attention_mask": micro.attention_mask} if p is None else
+                  {"input_ids": p.input_ids, "position_ids": p.position_ids, "attention_mask": p.attention_mask,
+                   "use_cache": False})
+        with self._autocast(), logits_at(model, at):
+            logits = model(**inputs).logits
+        if logits.shape[:-1].numel() != at.numel():
+            raise RuntimeError(f"the model's forward gave logits of shape {tuple(logits.shape)} where its output layer "
+                               f"was asked for {at.numel()} positions: it does not compute its logits through "
+                               "get_output_embeddings(), which rlpipe's trainer needs")
+        logits = logits.reshape(-1, logits.shape[-1])
+        return micro.scatter(token_logprobs(logits, micro.targets.reshape(-1)[dst], self.temperature), dst), logits
 
     def _values(self, micro: MicroBatch, model: Any) -> torch.Tensor:
         """V(s_t) at each position that predicts a token: (b, L-1)."""

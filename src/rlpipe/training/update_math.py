@@ -98,13 +98,13 @@ class UpdateMath:
         if measure:
             stats |= _mismatch_sums(logprobs.detach(), micro.tok["old_logprobs"], micro.action, self.cfg.mismatch_threshold)
         if self.cfg.entropy_coef > 0:
-            ent = micro.unpack(entropy_from_logits(logits, self.temperature))
+            ent = micro.scatter(entropy_from_logits(logits, self.temperature), micro.predicting[1])
             ent_term = aggregate(ent, micro.mask, agg)
             loss = loss - self.cfg.entropy_coef * ent_term
             stats["entropy_loss_sum"] = float(ent_term.detach())
         else:
             with torch.no_grad():
-                ent = micro.unpack(entropy_from_logits(logits, self.temperature))
+                ent = micro.scatter(entropy_from_logits(logits, self.temperature), micro.predicting[1])
         stats["entropy_tok"] = float((ent.detach() * micro.mask).sum())
         if self.has_reference and self.cfg.kl_in == "loss":
             kl = kl_penalty(logprobs, micro.tok["ref_logprobs"], self.cfg.kl_estimator)
