@@ -205,10 +205,12 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         was_training = self.engine.module.training
         self.engine.module.eval()
         micro = collate(samples, {}, self.tokenizer.pad_token_id).to(self.device)
+        at, dst = micro.predicting
         # A 16-bit LoRA base under bf16: in float32 for the probe's forward (under fp32 its layers already upcast)
-        with float_weights(self.engine.module) if self.cfg.precision == "bf16" else nullcontext():
-            logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits[:, :-1]
-        lp = token_logprobs(logits, micro.targets, 1.0)
+        with float_weights(self.engine.module) if self.cfg.precision == "bf16" else nullcontext(), \
+                logits_at(self.engine.module, at):
+            logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+        lp = micro.scatter(token_logprobs(logits.reshape(-1, logits.shape[-1]), micro.targets.reshape(-1)[dst], 1.0), dst)
         self.engine.module.train(was_training)
         return [lp[i, len(s.prompt_ids) - 1 : len(s.prompt_ids) - 1 + len(s.response_ids)].tolist() for i, s in enumerate(samples)]
 
