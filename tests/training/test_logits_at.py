@@ -10,6 +10,7 @@ import torch
 from rlpipe.algorithms.functional import entropy_from_logits, token_logprobs
 from rlpipe.config import TrainConfig
 from rlpipe.storage.samples import Sample
+from rlpipe.training.head import check_chunked_head
 from rlpipe.training.packing import collate, logits_at
 from rlpipe.training.trainer import PolicyTrainer
 
@@ -50,24 +51,32 @@ def _grads(model, loss):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("layout,lora,precision", [("padded", False, "fp32"), ("packed", False, "fp32"),
-                                                   ("shared", False, "fp32"), ("padded", True, "fp32"),
-                                                   ("shared", False, "bf16")])
-def test_logits_at_response_positions_change_no_log_prob_entropy_or_gradient(arch, layout, lora, precision, standins):
+@pytest.mark.parametrize("layout,lora,precision,chunk", [
+    ("padded", False, "fp32", None), ("packed", False, "fp32", None), ("shared", False, "fp32", None),
+    ("padded", True, "fp32", None), ("shared", False, "bf16", None),
+    ("padded", False, "fp32", 5), ("shared", False, "fp32", 7), ("packed", True, "fp32", 4), ("shared", False, "bf16", 6)])
+def test_logits_at_response_positions_change_no_log_prob_entropy_or_gradient(arch, layout, lora, precision, chunk,
+                                                                              standins):
+    """And in chunks of ``chunk`` positions (train.logits_chunk, the backward recomputing each): the same."""
     torch.manual_seed(0)
-    t = _trainer(standins[arch], precision=precision, **({"lora": LORA} if lora else {}))
+    t = _trainer(standins[arch], precision=precision, logits_chunk=chunk, **({"lora": LORA} if lora else {}))
     model = t.engine.module.train()
     samples = _samples()
     micro = collate(samples, {}, t.tokenizer.pad_token_id or 0, pack=layout != "padded", share=layout == "shared")
     assert (micro.packed is not None) == (layout != "padded")
     lp_ref, ent_ref = _full(model, micro, t._autocast())
     g_ref = _grads(model, lp_ref.sum() + 0.1 * ent_ref.sum())
-    lp, logits = t._forward(micro, model)
-    ent = micro.scatter(entropy_from_logits(logits), micro.predicting[1])
+    shapes = []
+    hook = t.engine.module.get_output_embeddings().register_forward_hook(lambda m, i, o: shapes.append(o.shape[:-1].numel()))
+    lp, ent = t._forward(micro, model, entropy="train")
+    hook.remove()
     g = _grads(model, lp.sum() + 0.1 * ent.sum())
     responses = sum(len(s.response_ids) for s in samples)
-    assert logits.shape[0] == int(micro.resp.sum()) == responses  # none at a prompt's positions
-    assert micro.input_ids.numel() > 2 * responses
+    assert responses == int(micro.resp.sum()) and micro.input_ids.numel() > 2 * responses
+    if chunk is None:  # logits of the response's positions only: none at a prompt's
+        assert shapes == [responses]
+    else:  # the model's own call computes none; then the chunks, at most ``chunk`` positions each
+        assert shapes[0] == 0 and sum(shapes[1:]) == responses and max(shapes) == chunk
     tol = 1e-5 if precision == "fp32" else 3e-2
     assert torch.allclose(lp, lp_ref, atol=tol) and torch.allclose(ent, ent_ref, atol=tol)
     assert float(lp.abs().sum()) > 1.0  # not all zeros
@@ -101,3 +110,57 @@ def test_a_model_that_bypasses_its_output_layer_is_refused(standins, monkeypatch
     micro = collate(_samples(), {}, 0)
     with pytest.raises(RuntimeError, match="get_output_embeddings"):
         t._forward(micro, model)
+
+
+def test_a_model_that_scales_its_logits_after_the_output_layer_cannot_chunk(standins, monkeypatch):
+    """train.logits_chunk computes logits as the output layer's alone: a model that changes them after it (a logit
+    scale, a soft cap) is refused at start, naming the fix."""
+    t = _trainer(standins["qwen2"])
+    model = t.engine.module
+    assert check_chunked_head(model, "the stand-in") <= 1e-4
+    forward = type(model).forward
+
+    def scaled(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        out.logits = out.logits * 0.5
+        return out
+
+    monkeypatch.setattr(type(model), "forward", scaled)
+    with pytest.raises(ValueError, match="train.logits_chunk: null"):
+        check_chunked_head(model, "the stand-in")
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_chunks_keep_no_logits_for_the_backward(standins, chunk):
+    """Chunked, nothing as wide as the vocabulary is kept for the backward (it recomputes each chunk's logits);
+    in one piece the log-softmax's output is (what the test would see if the chunks kept theirs)."""
+    t = _trainer(standins["llama"], logits_chunk=chunk)  # vocabulary 1000, hidden 256
+    model = t.engine.module.train()
+    micro = collate(_samples(), {}, 0, pack=True, share=True)
+    vocab, hidden = model.get_output_embeddings().weight.shape
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(tuple(x.shape)) or x, lambda x: x):
+        lp, ent = t._forward(micro, model, entropy="train")
+    wide = [s for s in saved if s and s[-1] == vocab and s != (hidden, vocab)]  # not the output layer's weight
+    assert (not wide) if chunk else wide
+    g = _grads(model, lp.sum() + 0.1 * ent.sum())
+    assert float(g["lm_head.weight"].abs().max()) > 0
+
+
+def test_an_update_in_chunks_under_zero3_is_the_update_in_one_piece(standins, tmp_path):
+    """ZeRO-3 gathers the partitioned output layer for each chunk it is called on (and again in the backward's
+    recomputation): the same loss, entropy, gradient norm and weights as the update in one piece at ZeRO-0."""
+    from safetensors.torch import load_file
+
+    from tests.helpers.dist_update import fixed_batch
+
+    torch.set_num_threads(1)
+    whole, chunked = _trainer(standins["llama"], batch_size=16, micro_batch_size=8), \
+        _trainer(standins["llama"], batch_size=16, micro_batch_size=8, zero_stage=3, logits_chunk=4)
+    a, b = whole.update(fixed_batch(16), 0), chunked.update(fixed_batch(16), 0)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5), key
+    whole.export_weights(tmp_path / "whole")
+    chunked.export_weights(tmp_path / "chunked")
+    x, y = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "chunked" / "model.safetensors")
+    assert sorted(x) == sorted(y) and max(float((x[k] - y[k]).abs().max()) for k in x) < 1e-5  # 1% of a step

@@ -163,6 +163,15 @@ class TrainConfig(Strict):
         "empty one still joins the step). The loss is the same as with count micro-batches: it is normalised by "
         "the mini-batch's totals. null: micro_batch_size completions each."
     )
+    logits_chunk: int | None = Field(
+        None, ge=1, description="The output layer in chunks of this many positions in the trainer's forwards (what "
+        "Liger's fused linear cross-entropy does on a GPU): the log-probs and entropy of a response's positions are "
+        "taken from the logits of at most this many positions at a time, and the backward recomputes each chunk's "
+        "logits instead of keeping them. Bounds the logits' memory (at a 151,936-token vocabulary, 0.6 MB per "
+        "position and copy) for one more pass of the output layer in the backward. Proven at start on the model "
+        "(its logits must be its output layer's alone: no logit scale or soft cap). null: the logits of every "
+        "position that predicts a response token at once (a prompt's positions get none either way)."
+    )
     offload_optimizer: bool = Field(
         False, description="ZeRO-Offload: the optimizer's fp32 master weights and Adam moments live in CPU memory "
         "and the step runs there (needs zero_stage 1, 2 or 3); the GPU keeps the weights, gradients and "

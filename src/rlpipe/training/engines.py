@@ -17,6 +17,7 @@ import torch
 
 from rlpipe.net import free_port
 from rlpipe.training.checkpoint import RecyclingWrites
+from rlpipe.training.head import check_chunked_head
 from rlpipe.training.packing import check_packing
 
 __all__ = ["EngineSetup", "checkpoint_activations", "init_distributed"]
@@ -75,6 +76,8 @@ class EngineSetup:
         ref.eval().requires_grad_(False)
         if self.cfg.pack_sequences:
             check_packing(ref, src, self.cfg.share_prompts)
+        if self.cfg.logits_chunk:
+            check_chunked_head(ref, src)
         return ref.to(self.device)
 
     def _engine(self, model: Any, lr: float, grad_clip: float) -> Any:

@@ -24,7 +24,7 @@ import torch
 
 from rlpipe.storage.samples import Sample
 
-__all__ = ["PACK_MIN_SAVING", "PACK_ROW", "SHARE_UNIT", "MicroBatch", "Packing", "check_packing", "collate", "pack_rows",
+__all__ = ["PACK_MIN_SAVING", "PACK_ROW", "SHARE_UNIT", "HeldHidden", "MicroBatch", "Packing", "check_packing", "collate", "pack_rows",
            "logits_at", "pack_shared", "prompt_units", "token_bins"]
 
 # A packed row holds at least this many tokens: rows of sequences, not one short sequence per row (the
@@ -110,25 +110,39 @@ class MicroBatch:
         return flat.index_put((self.packed.dst if dst is None else dst,), x).view(*self.targets.shape, *rest)
 
 
+@dataclass
+class HeldHidden:
+    """What :func:`logits_at` with ``hold`` kept: the gathered hidden states (n, d), for the caller to apply the
+    output layer to itself (in chunks, :func:`rlpipe.training.head.chunked_logprobs`)."""
+
+    hidden: torch.Tensor | None = None
+    head: Any = None
+
+
 @contextmanager
-def logits_at(model: Any, at: torch.Tensor) -> Iterator[None]:
+def logits_at(model: Any, at: torch.Tensor, hold: bool = False) -> Iterator[HeldHidden]:
     """Within, ``model``'s output layer (``get_output_embeddings()``) computes logits only at ``at``: flat indices
     into its input's (rows, positions), in that order, returned as (1, n, vocabulary). At a hub vocabulary
     (150k) the output layer is a quarter of a 0.5B model's forward and its logits the largest activations; a
-    prompt's positions need none. Only in the calling thread (the trainer's probe may run on another). ``model``:
-    an HF causal LM, or a DeepSpeed engine or peft model around one."""
+    prompt's positions need none. ``hold``: the output layer computes none at all (its logits come back with 0
+    positions); the gathered hidden states are kept in what this yields, gradients flowing through them. Only in
+    the calling thread (the trainer's probe may run on another). ``model``: an HF causal LM, or a DeepSpeed
+    engine or peft model around one."""
     head = getattr(model, "module", model).get_output_embeddings()
-    owner = threading.get_ident()
+    owner, held = threading.get_ident(), HeldHidden(head=head)
 
     def take(_module: Any, args: tuple) -> tuple | None:
         if threading.get_ident() != owner:
             return None
         h = args[0]
-        return (h.reshape(-1, h.shape[-1]).index_select(0, at).unsqueeze(0), *args[1:])
+        picked = h.reshape(-1, h.shape[-1]).index_select(0, at)
+        if hold:
+            held.hidden, picked = picked, picked[:0]
+        return (picked.unsqueeze(0), *args[1:])
 
     handle = head.register_forward_pre_hook(take)
     try:
-        yield
+        yield held
     finally:
         handle.remove()
 

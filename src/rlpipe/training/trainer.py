@@ -29,12 +29,13 @@ from typing import Any
 import torch
 
 from rlpipe.algorithms import NEEDS_CRITIC, kl_controller
-from rlpipe.algorithms.functional import token_logprobs
+from rlpipe.algorithms.functional import entropy_from_logits, token_logprobs
 from rlpipe.config import TrainConfig
 from rlpipe.storage.samples import Sample
 from rlpipe.tokens import load_tokenizer
 from rlpipe.training.checkpoint import ADAPTER
 from rlpipe.training.engines import EngineSetup, checkpoint_activations, init_distributed
+from rlpipe.training.head import check_chunked_head, chunked_logprobs
 from rlpipe.training.lora import float_weights, upcast_frozen, with_lora
 from rlpipe.training.packing import MicroBatch, check_packing, collate, logits_at, token_bins
 from rlpipe.training.saving import Saving
@@ -83,6 +84,8 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         self.tokenizer = load_tokenizer(self.resume_dir or self.model_dir)
         if self.cfg.pack_sequences:
             check_packing(model, src, self.cfg.share_prompts)
+        if self.cfg.logits_chunk:
+            check_chunked_head(model, src)
         if self.cfg.gradient_checkpointing:
             checkpoint_activations(model)
         if self.cfg.lora:
@@ -117,23 +120,33 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         return self.ref is not None or self.ref_is_base
 
     # -- the update -------------------------------------------------------------------------
-    def _forward(self, micro: MicroBatch, model: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the targets in the padded layout (0 where no response token is predicted), and the logits
-        (n, V) of the positions that predict a response token, in ``micro.predicting``'s order: the output layer
-        computes none at a prompt's positions (:func:`logits_at`)."""
+    def _forward(self, micro: MicroBatch, model: Any, entropy: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the targets in the padded layout (0 where no response token is predicted) and the entropy
+        there (``entropy`` "train": with its gradient, "stats": without, None: not computed), from the logits of
+        the positions that predict a response token only (:func:`logits_at`); with train.logits_chunk, of that
+        many positions at a time (:mod:`rlpipe.training.head`)."""
         at, dst = micro.predicting
         p = micro.packed
         inputs = ({"input_ids": micro.input_ids, "attention_mask": micro.attention_mask} if p is None else
                   {"input_ids": p.input_ids, "position_ids": p.position_ids, "attention_mask": p.attention_mask,
                    "use_cache": False})
-        with self._autocast(), logits_at(model, at):
-            logits = model(**inputs).logits
-        if logits.shape[:-1].numel() != at.numel():
-            raise RuntimeError(f"the model's forward gave logits of shape {tuple(logits.shape)} where its output layer "
-                               f"was asked for {at.numel()} positions: it does not compute its logits through "
-                               "get_output_embeddings(), which rlpipe's trainer needs")
-        logits = logits.reshape(-1, logits.shape[-1])
-        return micro.scatter(token_logprobs(logits, micro.targets.reshape(-1)[dst], self.temperature), dst), logits
+        chunk, targets = self.cfg.logits_chunk, micro.targets.reshape(-1)[dst]
+        with self._autocast():
+            with logits_at(model, at, hold=chunk is not None) as held:
+                logits = model(**inputs).logits
+            if logits.shape[:-1].numel() != (0 if chunk else at.numel()) or (chunk and held.hidden is None):
+                raise RuntimeError(f"the model's forward gave logits of shape {tuple(logits.shape)} where its output "
+                                   f"layer was asked for {at.numel()} positions: it does not compute its logits "
+                                   "through get_output_embeddings(), which rlpipe's trainer needs")
+            if chunk is not None:
+                lp, ent = chunked_logprobs(held.head, held.hidden, targets, self.temperature, chunk, bool(entropy))
+                ent = ent.detach() if entropy == "stats" else ent
+        if chunk is None:
+            logits = logits.reshape(-1, logits.shape[-1])
+            lp = token_logprobs(logits, targets, self.temperature)
+            with nullcontext() if entropy == "train" else torch.no_grad():
+                ent = entropy_from_logits(logits, self.temperature) if entropy else None
+        return micro.scatter(lp, dst), None if ent is None else micro.scatter(ent, dst)
 
     def _values(self, micro: MicroBatch, model: Any) -> torch.Tensor:
         """V(s_t) at each position that predicts a token: (b, L-1)."""

@@ -18,7 +18,7 @@ import torch
 from rlpipe.algorithms import (
     AdvantageInput, LossAgg, aggregate, compute_advantages, explained_variance, kl_penalty, policy_loss, value_loss,
 )
-from rlpipe.algorithms.functional import entropy_from_logits, logprob_gap, masked_mean, masked_stats
+from rlpipe.algorithms.functional import logprob_gap, masked_mean, masked_stats
 from rlpipe.storage.samples import Sample
 from rlpipe.training.packing import MicroBatch
 
@@ -83,7 +83,7 @@ class UpdateMath:
     def _micro_loss(self, micro: MicroBatch, agg: LossAgg, beta: float, measure: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's loss (scaled for DeepSpeed) and its statistics; ``measure``: also the train/inference
         mismatch of its tokens (only while the weights are still the sampling policy's)."""
-        logprobs, logits = self._forward(micro, self.engine)
+        logprobs, ent = self._forward(micro, self.engine, entropy="train" if self.cfg.entropy_coef > 0 else "stats")
         scale = self.gas * self.world  # undo DeepSpeed's mean over accumulation steps and ranks
         pg, pm = policy_loss(
             self.parts["policy_loss"], logprobs, micro.tok["old_logprobs"], micro.tok["advantages"], micro.mask,
@@ -98,13 +98,9 @@ class UpdateMath:
         if measure:
             stats |= _mismatch_sums(logprobs.detach(), micro.tok["old_logprobs"], micro.action, self.cfg.mismatch_threshold)
         if self.cfg.entropy_coef > 0:
-            ent = micro.scatter(entropy_from_logits(logits, self.temperature), micro.predicting[1])
             ent_term = aggregate(ent, micro.mask, agg)
             loss = loss - self.cfg.entropy_coef * ent_term
             stats["entropy_loss_sum"] = float(ent_term.detach())
-        else:
-            with torch.no_grad():
-                ent = micro.scatter(entropy_from_logits(logits, self.temperature), micro.predicting[1])
         stats["entropy_tok"] = float((ent.detach() * micro.mask).sum())
         if self.has_reference and self.cfg.kl_in == "loss":
             kl = kl_penalty(logprobs, micro.tok["ref_logprobs"], self.cfg.kl_estimator)
