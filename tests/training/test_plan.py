@@ -33,7 +33,10 @@ def test_components_by_hand(standins):
     assert c["engine_weights"] == 2 * p
     assert c["engine_kv_cache"] == 2 * 6 * 2 * 64 * 2 * (2 * 4) * (48 + 16)
     s, b, h, a = 64, 8, 256, 4  # Korthikanti et al.: s·b·h·(34 + 5as/h) bytes a layer in 16 bits, + logits
-    assert c["activations"] == int(6 * s * b * h * (34 + 5 * a * s / h) + 3 * 4 * b * s * 716)
+    layers = 6 * s * b * h * (34 + 5 * a * s / h)
+    assert c["activations"] == int(layers + 3 * 4 * b * 16 * 716)  # logits at the 16 response positions of each
+    chunked = plan_memory(_cfg(kl_coef=0.05, precision="bf16", logits_chunk=32), folder, gpu=True, prompt_tokens=48)
+    assert chunked.components["activations"] == int(layers + 3 * 4 * 32 * 716)  # one chunk's
     assert plan.tokens_per_iteration == 8 * 64 and "critic" not in c
 
 
@@ -76,3 +79,17 @@ def test_a_token_budget_sizes_the_activations(standins):
     whole = plan_memory(_cfg(), folder, gpu=False, prompt_tokens=48).components["activations"]
     two = plan_memory(_cfg(max_tokens_per_micro_batch=130), folder, gpu=False, prompt_tokens=48).components["activations"]
     assert two == pytest.approx(whole / 4, rel=1e-6)
+
+
+def test_logits_past_a_gib_are_advised_into_chunks(standins):
+    """64 responses of 2,048 tokens at a vocabulary of 716: 3 × 4 × 131,072 × 716 bytes of logits (1.05 GiB); the
+    advice names train.logits_chunk, and with it the plan counts one chunk's."""
+    folder = standins["qwen2"]
+    cfg = {"train": {"batch_size": 64, "micro_batch_size": 64}, "rollout": {"batch_size": 8, "samples_per_prompt": 8,
+                                                                             "max_new_tokens": 2048}}
+    plan = plan_memory(RunConfig.model_validate(cfg), folder, gpu=True, budget=2**30)
+    assert plan.fits is False and any(a.startswith("train.logits_chunk: 1024") for a in plan.advice)
+    cfg["train"]["logits_chunk"] = 1024
+    chunked = plan_memory(RunConfig.model_validate(cfg), folder, gpu=True, budget=2**30)
+    saved = plan.components["activations"] - chunked.components["activations"]
+    assert saved == 3 * 4 * (64 * 2048 - 1024) * 716 and not any("logits_chunk" in a for a in chunked.advice)

@@ -14,7 +14,8 @@ arithmetic on the config. Per trainer rank, bytes:
 - activations of one micro-batch (B sequences of S tokens; under ``max_tokens_per_micro_batch`` B = budget // S, hidden h, L layers, vocabulary V): Korthikanti et
   al. 2022 (arXiv:2205.05198, eq. 2) give s·b·h·(34 + 5·a·s/h) bytes a layer in 16 bits; float32 doubles it.
   With gradient checkpointing a layer keeps only its input (4·s·b·h) and one layer is recomputed at a time. The
-  logits and their log-softmax and gradient: 3·4·B·S·V;
+  logits and their log-softmax and gradient: 3·4·n·V for the n = B·R positions that predict a response token (R:
+  ``rollout.max_new_tokens``; a prompt's positions get none), or n = ``train.logits_chunk`` where that is smaller;
 - runtime: a fixed 0.1 GiB (``RUNTIME_BYTES``: DeepSpeed's engine object, the allocator, peft), measured on CPU;
 - the engine: its weights (float32 on CPU, the checkpoint's dtype on a GPU) and the KV cache of one rollout
   batch: 2·L·kv_heads·head_dim·bytes per token, for every completion's prompt and response.
@@ -48,6 +49,7 @@ class MemoryPlan:
     tokens_per_iteration: int = 0
     budget: int | None = None
     advice: list[str] = field(default_factory=list)
+    vocab: int = 0  # the output layer's columns
 
     @property
     def trainer_bytes(self) -> int:
@@ -94,10 +96,10 @@ def count_parameters_meta(folder: str | Path, lora: Any = None) -> tuple[int, in
     return total, sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
 
 
-def _activations(s: dict[str, int], batch: int, seq: int, checkpointing: bool, act_bytes: int) -> int:
+def _activations(s: dict[str, int], batch: int, seq: int, checkpointing: bool, act_bytes: int, logit_rows: int) -> int:
     per_layer = seq * batch * s["h"] * (34 + 5 * s["heads"] * seq / s["h"]) * act_bytes / 2
     layers = (s["L"] * 2 * seq * batch * s["h"] * act_bytes + per_layer) if checkpointing else s["L"] * per_layer
-    logits = 3 * 4 * batch * seq * s["V"]
+    logits = 3 * 4 * logit_rows * s["V"]
     return int(layers + logits)
 
 
@@ -129,13 +131,14 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     rows = t.micro_batch_size
     if t.max_tokens_per_micro_batch:  # a token budget: as many sequences of the longest length as fit (at least one)
         rows = max(1, t.max_tokens_per_micro_batch // seq)
-    comp["activations"] = _activations(s, rows, seq, t.gradient_checkpointing, act_bytes)
+    logit_rows = min(rows * r.max_new_tokens, t.logits_chunk or rows * r.max_new_tokens)
+    comp["activations"] = _activations(s, rows, seq, t.gradient_checkpointing, act_bytes, logit_rows)
     engine_bytes = ckpt_bytes if gpu else 4
     comp["runtime"] = RUNTIME_BYTES
     comp["engine_weights"] = total * engine_bytes
     completions = r.batch_size * r.samples_per_prompt
     comp["engine_kv_cache"] = 2 * s["L"] * s["kv"] * s["head_dim"] * engine_bytes * completions * seq
-    plan = MemoryPlan(total, trainable, comp, completions * seq, budget)
+    plan = MemoryPlan(total, trainable, comp, completions * seq, budget, vocab=s["V"])
     if plan.fits is False:
         plan.advice = _advice(plan, cfg)
     return plan
@@ -156,6 +159,10 @@ def _advice(plan: MemoryPlan, cfg: Any) -> list[str]:
                    "to CPU memory (the step runs there)")
     if not t.gradient_checkpointing:
         out.append(f"train.gradient_checkpointing: true: activations {c['activations'] / GiB:.2f} GiB → about 1/L of them")
+    logits = 3 * 4 * t.micro_batch_size * cfg.rollout.max_new_tokens * plan.vocab
+    if not t.logits_chunk and logits > GiB:
+        out.append(f"train.logits_chunk: 1024 keeps the logits of 1,024 positions at a time: {logits / GiB:.1f} GiB → "
+                   f"{3 * 4 * 1024 * plan.vocab / GiB:.2f} GiB (the backward recomputes them)")
     if t.micro_batch_size > 1:
         out.append(f"train.micro_batch_size: {max(t.micro_batch_size // 2, 1)} halves the activations (batch_size stays; "
                    "more accumulation steps)")
