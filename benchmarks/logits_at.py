@@ -8,7 +8,8 @@ vocabulary of 151,936; untrained, float32 in the trainer) with a byte-level BPE 
 ``--home``. Each side runs in a process of its own, alternating (before, now, now, before, …): the in-process
 trainer (`PolicyTrainer`, DeepSpeed, the default GRPO settings: packed sequences, shared prompts) updates on
 ``--groups`` prompts of ``--prompt`` tokens × 8 completions of ``--response`` tokens, one optimizer step of one
-micro-batch; after a warm-up update, ``--repeats`` updates are timed. Reports per side: seconds per update
+micro-batch; after a warm-up update, ``--repeats`` updates are timed. ``--chunk N`` adds a side with
+``train.logits_chunk: N`` (the output layer in chunks the backward recomputes). Reports per side: seconds per update
 (median), the process's peak RSS (``ru_maxrss``), and the positions the forward computed (a hook on the input
 embeddings) against those that predict a response token.
 """
@@ -60,7 +61,8 @@ def one_side(a: argparse.Namespace) -> dict:
 
     torch.set_num_threads(a.threads)
     n = a.groups * 8
-    cfg = TrainConfig(algorithm="grpo", batch_size=n, micro_batch_size=n, lr=1e-6)
+    chunk = {"logits_chunk": a.chunk} if a.side == "chunked" else {}
+    cfg = TrainConfig(algorithm="grpo", batch_size=n, micro_batch_size=n, lr=1e-6, **chunk)
     t = PolicyTrainer(model_dir=str(a.model), cfg=cfg, seed=0, max_new_tokens=a.response)
     rng = random.Random(0)
     samples = []
@@ -93,6 +95,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=None, help="also a side with train.logits_chunk at this value")
+    ap.add_argument("--sides", default=None, help="comma-separated subset of before,now,chunked (default: all given)")
     ap.add_argument("--home", type=Path, default=Path("/tmp/rlpipe-bench/logits-at"))
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/logits-at/result.json"))
     ap.add_argument("--side", help=argparse.SUPPRESS)
@@ -103,10 +107,11 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT / "src"))
     model = build(a.home, a.layers)
-    sides = {"before": a.before / "src", "now": ROOT / "src"}
+    sides = {"before": a.before / "src", "now": ROOT / "src"} | ({"chunked": ROOT / "src"} if a.chunk else {})
+    order = [k for k in sides if a.sides is None or k in a.sides.split(",")]
     results: list[dict] = []
     for pair in range(a.pairs):
-        for side in (("before", "now") if pair % 2 == 0 else ("now", "before")):
+        for side in (order if pair % 2 == 0 else order[::-1]):
             cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--model", str(model)]
             env = os.environ | {"PYTHONPATH": str(sides[side])}  # that side's rlpipe before the installed one
             run = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -116,7 +121,7 @@ def main() -> None:
                 results.append({"side": side, "failed": f"exit {run.returncode}"
                                 + (" (SIGKILL: out of memory?)" if run.returncode == -9 else ""),
                                 "stderr_tail": run.stderr[-400:]})
-            print(f"[{len(results)}/{2 * a.pairs}] {json.dumps(results[-1])}", flush=True)
+            print(f"[{len(results)}/{len(order) * a.pairs}] {json.dumps(results[-1])}", flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(a).items()}, "runs": results}, indent=1))
 
