@@ -88,7 +88,8 @@ def test_logits_past_a_gib_are_advised_into_chunks(standins):
     cfg = {"train": {"batch_size": 64, "micro_batch_size": 64}, "rollout": {"batch_size": 8, "samples_per_prompt": 8,
                                                                              "max_new_tokens": 2048}}
     plan = plan_memory(RunConfig.model_validate(cfg), folder, gpu=True, budget=2**30)
-    assert plan.fits is False and any(a.startswith("train.logits_chunk: 1024") for a in plan.advice)
+    assert plan.fits is False and plan.logit_rows == 64 * 2048
+    assert any(a.startswith("train.logits_chunk: 1024") and "1.0 GiB → 0.01 GiB" in a for a in plan.advice)
     cfg["train"]["logits_chunk"] = 1024
     chunked = plan_memory(RunConfig.model_validate(cfg), folder, gpu=True, budget=2**30)
     saved = plan.components["activations"] - chunked.components["activations"]

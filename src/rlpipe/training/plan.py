@@ -50,6 +50,7 @@ class MemoryPlan:
     budget: int | None = None
     advice: list[str] = field(default_factory=list)
     vocab: int = 0  # the output layer's columns
+    logit_rows: int = 0  # the positions whose logits exist at once (in the activations)
 
     @property
     def trainer_bytes(self) -> int:
@@ -138,7 +139,7 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     comp["engine_weights"] = total * engine_bytes
     completions = r.batch_size * r.samples_per_prompt
     comp["engine_kv_cache"] = 2 * s["L"] * s["kv"] * s["head_dim"] * engine_bytes * completions * seq
-    plan = MemoryPlan(total, trainable, comp, completions * seq, budget, vocab=s["V"])
+    plan = MemoryPlan(total, trainable, comp, completions * seq, budget, vocab=s["V"], logit_rows=logit_rows)
     if plan.fits is False:
         plan.advice = _advice(plan, cfg)
     return plan
@@ -159,10 +160,10 @@ def _advice(plan: MemoryPlan, cfg: Any) -> list[str]:
                    "to CPU memory (the step runs there)")
     if not t.gradient_checkpointing:
         out.append(f"train.gradient_checkpointing: true: activations {c['activations'] / GiB:.2f} GiB → about 1/L of them")
-    logits = 3 * 4 * t.micro_batch_size * cfg.rollout.max_new_tokens * plan.vocab
+    logits = 3 * 4 * plan.logit_rows * plan.vocab  # as the activations count them
     if not t.logits_chunk and logits > GiB:
         out.append(f"train.logits_chunk: 1024 keeps the logits of 1,024 positions at a time: {logits / GiB:.1f} GiB → "
-                   f"{3 * 4 * 1024 * plan.vocab / GiB:.2f} GiB (the backward recomputes them)")
+                   f"{3 * 4 * min(1024, plan.logit_rows) * plan.vocab / GiB:.2f} GiB (the backward recomputes them)")
     if t.micro_batch_size > 1:
         out.append(f"train.micro_batch_size: {max(t.micro_batch_size // 2, 1)} halves the activations (batch_size stays; "
                    "more accumulation steps)")
