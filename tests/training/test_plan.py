@@ -65,6 +65,21 @@ def test_zero_splits_and_lora_shrinks(standins):
     assert ppo["critic"] == 16 * p
 
 
+def test_bf16_weights_counts_bfloat16_weights_beside_float32_masters(standins):
+    folder = standins["qwen2"]
+    p, _ = count_parameters_meta(folder)
+    one = plan_memory(_cfg(precision="bf16_weights", zero_stage=1, kl_coef=0.05, algorithm="ppo"), folder, gpu=True)
+    c = one.components
+    assert c["policy_weights"] == 2 * p and c["master_weights"] == 4 * p and c["gradients"] == 4 * p
+    assert c["optimizer_moments"] == 8 * p and c["reference"] == 2 * p and c["critic"] == 18 * p
+    autocast = plan_memory(_cfg(precision="bf16", zero_stage=1, kl_coef=0.05, algorithm="ppo"), folder, gpu=True)
+    assert c["activations"] == autocast.components["activations"]  # 16-bit activations either way
+    four = plan_memory(_cfg(precision="bf16_weights", zero_stage=2, offload_optimizer=True), folder, gpu=True, world=4)
+    assert four.components["policy_weights"] == 2 * p and four.components["gradients"] == 4 * p // 4
+    assert "master_weights" not in four.components  # offloaded with the moments
+    assert four.components["cpu_optimizer_offload"] == 8 * p // 4 + 4 * p // 4
+
+
 def test_cli_says_what_to_change_when_it_does_not_fit(standins):
     res = CliRunner().invoke(app, ["plan", "--set", f"task.policy_model={standins['qwen2']}", "--gpu-mem", "0.05"])
     assert res.exit_code == 1 and "fits in 0.05 GiB: no" in res.stdout

@@ -26,7 +26,10 @@ CASES = {f"zero{z}": {"zero": z, "kl": 0.05} for z in (0, 1, 2, 3)} | {
     "zero2_offload": {"zero": 2, "kl": 0.05, "sets": ["offload_optimizer=true"]},
     # micro-batches by token budget (a varying number of them per mini-batch and rank), padded and packed, ZeRO 0 and 2
     "tokens_padded": {"zero": 0, "kl": 0.05, "sets": ["max_tokens_per_micro_batch=30", "pack_sequences=false"]},
-    "tokens_packed_zero2": {"zero": 2, "kl": 0.05, "sets": ["max_tokens_per_micro_batch=30"]}} | {
+    "tokens_packed_zero2": {"zero": 2, "kl": 0.05, "sets": ["max_tokens_per_micro_batch=30"]},
+    # bfloat16 weights, float32 masters split over the ranks (DeepSpeed's bf16 optimizer at 1, ZeRO's at 2)
+    "bf16_weights_zero1": {"zero": 1, "kl": 0.05, "sets": ["precision=bf16_weights"]},
+    "bf16_weights_zero2": {"zero": 2, "kl": 0.05, "sets": ["precision=bf16_weights"]}} | {
     name: {"zero": 0, "kl": 0.05, "sets": sets} for name, sets in VARIANTS.items()}
 
 
@@ -91,6 +94,28 @@ def test_zero3_on_two_ranks_exports_the_folder_zero0_writes(updates):
     for k in w0:
         assert w0[k].dtype == w3[k].dtype and w0[k].shape == w3[k].shape, k
         assert torch.allclose(w0[k], w3[k], atol=2e-6, rtol=1e-5), k
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_bf16_weights_on_two_ranks_give_the_same_update_as_one(tiny_checkpoint, updates, zero):
+    """bf16_weights exports the bfloat16 weights; two ranks (masters and moments split, float32 gradients reduced)
+    land on one rank's update up to a bfloat16 rounding of the same float32 masters, and near the float32 run's."""
+    (m1, w1), (m2, w2) = updates[1][f"bf16_weights_zero{zero}"], updates[2][f"bf16_weights_zero{zero}"]
+    f32 = updates[1][f"zero{zero}"][1]
+    before = load_file(Path(tiny_checkpoint) / "model.safetensors")
+    for k in w1:
+        assert w1[k].dtype == w2[k].dtype == torch.bfloat16, k
+        ulp = w1[k].float().abs() * 2**-7 + 1e-30
+        assert bool(((w1[k].float() - w2[k].float()).abs() <= ulp).all()), k  # at most one bfloat16 step apart
+        assert (w1[k].float() != w2[k].float()).float().mean() < 0.01, k
+    # The float32 run's update, in direction (Adam's steps magnify the bfloat16 forward's gradient rounding)
+    moved = torch.cat([(w1[k].float() - before[k]).reshape(-1) for k in w1])
+    moved32 = torch.cat([(f32[k] - before[k]).reshape(-1) for k in w1])
+    cos = float(torch.nn.functional.cosine_similarity(moved, moved32, dim=0))
+    assert cos > 0.9 and float(moved.abs().max()) > 1e-3, cos
+    for key in ("loss", "pg_loss", "kl", "tokens"):
+        assert m1["metrics"][key] == pytest.approx(m2["metrics"][key], rel=1e-2, abs=1e-4), key
+    assert m1["metrics"]["optimizer_steps"] == m2["metrics"]["optimizer_steps"] == 3
 
 
 def test_cases_in_one_process_equal_a_fresh_process(tiny_checkpoint, updates, tmp_path):

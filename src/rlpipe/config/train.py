@@ -177,11 +177,18 @@ class TrainConfig(Strict):
         "and the step runs there (needs zero_stage 1, 2 or 3); the GPU keeps the weights, gradients and "
         "activations. On a CPU-only machine it changes where nothing lives but runs the same code path."
     )
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "bf16_weights"] = Field(
         "fp32", description="bf16: the policy's, the reference's and the critic's forward passes (and so their "
         "backward) run under bfloat16 autocast, as TRL's bf16=True: weights, gradients, Adam moments, log-probs and "
-        "losses stay float32. It pays where the matrices are large enough for a GPU's bf16 units. The weight-sync "
-        "probe still compares the engine with the trainer's float32 forward."
+        "losses stay float32, and each layer casts its float32 weight to bfloat16 in every forward and backward. "
+        "bf16_weights: the models' weights themselves are held in bfloat16, so nothing is cast per op, and the "
+        "optimizer keeps float32 master weights, float32 gradient accumulation and float32 Adam moments "
+        "(DeepSpeed's bf16 mode, as OpenRLHF's --bf16 and verl's FSDP mixed precision); a float32 start checkpoint "
+        "is rounded to bfloat16 once, the engine is handed the bfloat16 weights, and a save point keeps the float32 "
+        "masters, so a resume continues from them. Needs zero_stage 1 or 2 (at one rank stage 1 splits "
+        "nothing; not 3) and no train.lora (use bf16 there: its trainable state is small). Either pays where the "
+        "matrices are large enough for a GPU's bf16 units. The weight-sync probe still compares the engine with "
+        "the trainer's float32 forward of the weights it holds."
     )
     zero_stage: int = Field(
         0, ge=0, le=3, description="DeepSpeed ZeRO stage: 0 (none), 1 (optimizer state split over the ranks), 2 "
@@ -263,6 +270,14 @@ class TrainConfig(Strict):
         if self.zero_stage == 3 and self.lora:
             raise ValueError("@zero_stage@ZeRO stage 3 with train.lora is refused: the adapters' merge runs on whole "
                              "weights; LoRA's trainable state is small, so use zero_stage 2 (or drop train.lora)")
+        if self.precision == "bf16_weights" and (self.zero_stage == 0 or self.lora):
+            raise ValueError("@precision@train.precision bf16_weights needs DeepSpeed's bf16 optimizer (float32 master "
+                             "weights beside the bfloat16 ones), which ZeRO stage 0 and train.lora do not have: set "
+                             "train.zero_stage: 1 (at one rank it splits nothing), or precision: bf16 with train.lora")
+        if self.precision == "bf16_weights" and self.zero_stage == 3:
+            raise ValueError("@precision@train.precision bf16_weights with ZeRO stage 3 is refused: the weight-sync "
+                             "probe's float32 forward of partitioned bfloat16 weights is not built; use zero_stage 1 or "
+                             "2 (the masters and moments still split over the ranks), or precision: bf16")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("@offload_optimizer@train.offload_optimizer needs ZeRO (DeepSpeed offloads the "
                              "optimizer of stage 1, 2 or 3); set train.zero_stage: 2")

@@ -61,6 +61,7 @@ def build_services(ctx: RunContext, dataset: dict[str, Any], resume_dir: str | N
     expected = file_weights_digest(policy_dir)
     if engine.weights_sha256() != expected:
         raise WeightSyncError(f"engine holds {engine.weights_sha256()[:12]}, trainer starts from {expected[:12]}")
+    expected = _rounded_start(engine, trainer, expected, log)
     svc = RunServices(
         run_id=ctx.run_id, engine=engine, trainer=trainer, pool=None, tokenizer=trainer.tokenizer,
         train_rows=split_rows(config, rows, "train"), test_rows=split_rows(config, rows, "test"),
@@ -78,6 +79,22 @@ def build_services(ctx: RunContext, dataset: dict[str, Any], resume_dir: str | N
     return svc, ServicesStarted(engine=engine.name, policy_version=expected, start_s=time.perf_counter() - start,
                                 sandbox_level=sandbox_level, probe_max_abs_diff=proof,
                                 reward_model_version=rm.version if rm else None, reward_stats=rm.stats if rm else None)
+
+
+def _rounded_start(engine: Any, trainer: Any, expected: str, log: Any) -> str:
+    """train.precision bf16_weights holds the start weights rounded to bfloat16: where the folder's are not
+    bfloat16 already (a float32 or float16 checkpoint), the engine takes the trainer's weights before the start probe,
+    so that iteration 0 samples from the policy it trains. Returns the policy version the engine now holds."""
+    if trainer.cfg.precision != "bf16_weights":
+        return expected
+    from rlpipe.rollout.probe import load_policy
+
+    rounded = trainer.policy_tensors()[0]
+    if rounded == expected:  # a bfloat16 checkpoint, or a bf16_weights save point
+        return expected
+    log.info("train.precision bf16_weights: the start weights (%s) rounded to bfloat16 (%s); the engine takes them",
+             expected[:12], rounded[:12])
+    return load_policy(engine, None, None, -1, trainer=trainer)
 
 
 def _engine(ctx: RunContext, rows: list[dict[str, Any]], resume_dir: str | None, log: Any) -> Any:

@@ -1,5 +1,5 @@
 """The trainer's models and DeepSpeed engines: the process group, the policy's and the critic's engines (torch's
-AdamW, ZeRO, bf16 autocast), the frozen reference model, and activation checkpointing.
+AdamW, ZeRO, bf16 autocast or bf16 weights), the frozen reference model, and activation checkpointing.
 
 :class:`EngineSetup` is a part of :class:`rlpipe.training.trainer.PolicyTrainer` (it reads the trainer's ``cfg``,
 ``model_dir``, ``ref_model_dir``, ``seed``, ``gas``, ``world`` and ``device``). deepspeed is imported inside the
@@ -57,8 +57,8 @@ class EngineSetup:
         checkpoint stays in its own dtype, under fp32 too, where each layer computes in float32 from its 16-bit
         weight (:func:`upcast_frozen`: the same numbers as a float32 copy, every 16-bit value being a float32
         one); under bf16 a float32 checkpoint is held in bfloat16 as well, as TRL and OpenRLHF load it."""
-        if not self.cfg.lora:
-            return torch.float32
+        if not self.cfg.lora:  # bf16_weights: rounded once here (as DeepSpeed's cast would), half the memory at start
+            return torch.bfloat16 if self.cfg.precision == "bf16_weights" else torch.float32
         saved = json.loads((Path(src) / "config.json").read_text())
         named = saved.get("dtype") or saved.get("torch_dtype")
         if named in ("float16", "bfloat16"):
@@ -68,11 +68,12 @@ class EngineSetup:
     def _reference(self) -> Any:
         """The frozen reference model. Under bf16 it is kept in the checkpoint's own dtype (a 16-bit checkpoint
         takes half the memory of a float32 copy; its forward runs under the same autocast as the policy's);
-        under fp32, in float32 as the policy."""
+        under bf16_weights in bfloat16, as the policy; under fp32, in float32 as the policy."""
         from transformers import AutoModelForCausalLM
 
         src = self.ref_model_dir or self.model_dir
-        ref = AutoModelForCausalLM.from_pretrained(src, dtype="auto" if self.cfg.precision == "bf16" else torch.float32)
+        dtype = {"bf16": "auto", "bf16_weights": torch.bfloat16}.get(self.cfg.precision, torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
         ref.eval().requires_grad_(False)
         if self.cfg.pack_sequences:
             check_packing(ref, src, self.cfg.share_prompts)
@@ -100,7 +101,13 @@ class EngineSetup:
         }
         if self.cfg.offload_optimizer:  # torch's AdamW on the CPU partitions (DeepSpeedCPUAdam would compile an op)
             ds_config["zero_force_ds_cpu_optimizer"] = False
-        if self.cfg.precision == "bf16":
+        if self.cfg.precision == "bf16_weights":
+            # The module cast to bfloat16; float32 masters, gradient accumulation and moments in DeepSpeed's bf16
+            # optimizer (stage 1: BF16_Optimizer; 2/3: ZeRO's), which skips a step whose gradient norm is not finite.
+            ds_config["bf16"] = {"enabled": True}
+            ds_config["data_types"] = {"grad_accum_dtype": "fp32"}
+            ds_config["communication_data_type"] = "fp32"  # ranks reduce the float32 gradients (DeepSpeed: bf16)
+        elif self.cfg.precision == "bf16":
             # DeepSpeed turns an outer torch.autocast off inside its engine's forward unless this section asks for it
             # (seen on CUDA: the forward ran in float32). No lower-precision modules: gradients reduce in float32.
             ds_config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}

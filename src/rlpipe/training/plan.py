@@ -5,12 +5,13 @@ arithmetic on the config. Per trainer rank, bytes:
 
 - policy weights: float32 master copy, 4·P (``precision: bf16`` is autocast over float32 weights); LoRA over a
   16-bit checkpoint or under bf16 keeps the frozen base in 16 bits, 2·(P − P_train) + 4·P_train; ZeRO-3 splits
-  them by rank;
+  them by rank; ``bf16_weights``: 2·P, and the optimizer's float32 masters 4·P/N (``master_weights``);
 - gradients: 4·P_train (P_train = P, or the adapters' parameters under LoRA); ZeRO ≥ 2 splits them by rank;
 - Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank; ``offload_optimizer`` moves them and the fp32
   partition (4·P_train/N) to CPU memory (``cpu_optimizer_offload``, not in the GPU's total);
-- reference: P in float32, or in the checkpoint's dtype under bf16; none under LoRA (adapters off) or without KL;
-- critic (PPO): weights, gradients and moments of a second trunk, 16·P;
+- reference: P in float32, or in the checkpoint's dtype under bf16, in bfloat16 under bf16_weights; none under LoRA (adapters off) or without KL;
+- critic (PPO): weights, gradients and moments of a second trunk, 16·P (18·P under bf16_weights: 16-bit weights
+  beside float32 masters);
 - activations of one micro-batch (B sequences of S tokens; under ``max_tokens_per_micro_batch`` B = budget // S, hidden h, L layers, vocabulary V): Korthikanti et
   al. 2022 (arXiv:2205.05198, eq. 2) give s·b·h·(34 + 5·a·s/h) bytes a layer in 16 bits; float32 doubles it.
   With gradient checkpointing a layer keeps only its input (4·s·b·h) and one layer is recomputed at a time. The
@@ -118,17 +119,21 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     # LoRA over a 16-bit checkpoint, or under bf16: the frozen base in 16 bits (no master copy: nothing optimizes
     # it), the adapters in float32.
     half_base = t.lora and (ckpt_bytes == 2 or t.precision == "bf16")
-    weights = 2 * (total - trainable) + 4 * trainable if half_base else 4 * total
+    bf16w = t.precision == "bf16_weights"  # bfloat16 weights; the float32 masters are the optimizer's (ZeRO >= 1)
+    weights = 2 * (total - trainable) + 4 * trainable if half_base else (2 if bf16w else 4) * total
     comp = {"policy_weights": weights // (world if z >= 3 else 1),
             "gradients": 4 * trainable // (world if z >= 2 else 1),
             "optimizer_moments": 8 * trainable // (world if z >= 1 else 1)}
+    if bf16w:
+        comp["master_weights"] = 4 * trainable // world
     if t.offload_optimizer and gpu:  # in CPU memory: not the GPU's
-        comp["cpu_optimizer_offload"] = comp.pop("optimizer_moments") + (4 * trainable // world if z >= 1 else 0)
+        masters = comp.pop("master_weights") if bf16w else (4 * trainable // world if z >= 1 else 0)
+        comp["cpu_optimizer_offload"] = comp.pop("optimizer_moments") + masters
     if t.uses_reference and not t.lora:
-        comp["reference"] = total * (ckpt_bytes if t.precision == "bf16" else 4)
+        comp["reference"] = total * {"bf16": ckpt_bytes, "bf16_weights": 2}.get(t.precision, 4)
     if (t.advantage or "") == "gae" or t.algorithm == "ppo":
-        comp["critic"] = 16 * total
-    act_bytes = 2 if t.precision == "bf16" else 4
+        comp["critic"] = (18 if bf16w else 16) * total
+    act_bytes = 4 if t.precision == "fp32" else 2
     rows = t.micro_batch_size
     if t.max_tokens_per_micro_batch:  # a token budget: as many sequences of the longest length as fit (at least one)
         rows = max(1, t.max_tokens_per_micro_batch // seq)
@@ -153,7 +158,7 @@ def _advice(plan: MemoryPlan, cfg: Any) -> list[str]:
                    f"{(c['gradients'] + c['optimizer_moments']) / GiB:.1f} GiB → a few MB, and no reference copy")
     if t.zero_stage < 2 and not t.lora:
         out.append("train.zero_stage: 2 with N ranks (rlpipe run --nproc N) splits gradients and moments N ways")
-    if t.zero_stage < 3 and not t.lora:
+    if t.zero_stage < 3 and not t.lora and t.precision != "bf16_weights":  # stage 3 refuses bf16_weights
         out.append("train.zero_stage: 3 with N ranks splits the weights too (each rank gathers a layer as it runs)")
     if t.zero_stage >= 1 and not t.offload_optimizer:
         out.append(f"train.offload_optimizer: true moves the Adam moments ({c['optimizer_moments'] / GiB:.1f} GiB) "

@@ -159,7 +159,8 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
 
     def _autocast(self) -> Any:
         """train.precision bf16: the forward under bfloat16 autocast (float32 master weights; log-probs, entropy and
-        losses are taken in float32 from the bf16 logits). fp32: nothing."""
+        losses are taken in float32 from the bf16 logits). fp32, and bf16_weights (the weights are bfloat16
+        already): nothing."""
         if self.cfg.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
@@ -219,8 +220,9 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         self.engine.module.eval()
         micro = collate(samples, {}, self.tokenizer.pad_token_id).to(self.device)
         at, dst = micro.predicting
-        # A 16-bit LoRA base under bf16: in float32 for the probe's forward (under fp32 its layers already upcast)
-        with float_weights(self.engine.module) if self.cfg.precision == "bf16" else nullcontext(), \
+        # 16-bit weights (a LoRA base under bf16; all of them under bf16_weights): in float32 for the probe's forward,
+        # the engine's forward of the weights it was handed (under fp32 a 16-bit LoRA base's layers already upcast)
+        with float_weights(self.engine.module) if self.cfg.precision != "fp32" else nullcontext(), \
                 logits_at(self.engine.module, at):
             logits = self.engine.module(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
         lp = micro.scatter(token_logprobs(logits.reshape(-1, logits.shape[-1]), micro.targets.reshape(-1)[dst], 1.0), dst)
