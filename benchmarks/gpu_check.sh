@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a CUDA machine with a stock PyTorch image and no registry (benchmarks/gpu_wheels.sh
-# prepares .whl/ beforehand): the @pytest.mark.gpu tests, then benchmarks/gpu_iteration.py in bf16 (every model) and
-# in fp32 (100M). Results and logs go to $OUT (default /tmp/rlpipe-gpu).
+# prepares .whl/ beforehand): the @pytest.mark.gpu tests, then benchmarks/gpu_iteration.py in bf16 and in bf16_weights
+# (every model) and in fp32 (100M). Results and logs go to $OUT (default /tmp/rlpipe-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlpipe-gpu}
@@ -19,5 +19,7 @@ timeout "${TEST_S:-70}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/tr
 echo "gpu tests exit ${PIPESTATUS[0]}"
 timeout "${BENCH_S:-190}" python3 benchmarks/gpu_iteration.py --precision bf16 --iterations 3 --out "$OUT/gpu-bf16.json" 2>&1 \
   | grep -v -i "warn" | tee "$OUT/gpu-bf16.log" | tail -30
+timeout "${BF16W_S:-120}" python3 benchmarks/gpu_iteration.py --precision bf16_weights --iterations 3 --out "$OUT/gpu-bf16w.json" 2>&1 \
+  | grep -v -i "warn" | tee "$OUT/gpu-bf16w.log" | tail -30
 timeout "${FP32_S:-60}" python3 benchmarks/gpu_iteration.py --precision fp32 --models 100M --iterations 3 --out "$OUT/gpu-fp32.json" 2>&1 \
   | grep -v -i "warn" | tee "$OUT/gpu-fp32.log" | tail -12

@@ -123,7 +123,8 @@ def measure(name: str, a: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     folder, params = build(name, root)
     batch = a.completions // STEPS
-    cfg = TrainConfig(batch_size=batch, micro_batch_size=min(64, batch), lr=1e-5, kl_coef=0.01, precision=a.precision)
+    cfg = TrainConfig(batch_size=batch, micro_batch_size=min(64, batch), lr=1e-5, kl_coef=0.01, precision=a.precision,
+                      zero_stage=1 if a.precision == "bf16_weights" else 0)  # its float32 masters are ZeRO's
     trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg, seed=0, max_new_tokens=a.max_new_tokens)
     engine = HFEngine(folder)
     rows = prompts(trainer.tokenizer, a.completions // PER_PROMPT)
@@ -179,7 +180,8 @@ def main() -> None:
     ap.add_argument("--completions", type=int, default=256, help="per iteration (a multiple of 32)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--iterations", type=int, default=4, help="per model; the first is not counted")
-    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="train.precision")
+    ap.add_argument("--precision", choices=["bf16", "bf16_weights", "fp32"], default="bf16",
+                    help="train.precision (bf16_weights with zero_stage 1)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/gpu.json"))
     a = ap.parse_args()
     if a.completions % (PER_PROMPT * STEPS):

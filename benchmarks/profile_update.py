@@ -16,7 +16,8 @@ FLOP rate: a forward and backward pass cost about 6 × (parameters in matrix mul
 compute (2 forward, 4 backward), a forward without gradient 2 (attention's own products are left out: they are
 under 2% at these lengths). The positions are counted by a hook on the input embeddings, as the forwards computed
 them (padding, packing and shared prompts as they are); the peak is the best of a few float32 2048×2048 matrix
-products on the same threads (``torch.mm``), measured here.
+products on the same threads (``torch.mm``), measured here; under train.precision bf16 or bf16_weights also the
+bfloat16 products' peak.
 ``--model-size`` takes ``scaling.py``'s MODELS (3M, 30M, 100M): an untrained model of that size.
 """
 
@@ -96,11 +97,11 @@ def part_seconds(stats: pstats.Stats) -> dict[str, float]:
     return out
 
 
-def measured_peak_gflops(n: int = 2048, reps: int = 8) -> float:
-    """The best float32 matrix-product rate of this process's threads (GFLOP/s)."""
+def measured_peak_gflops(n: int = 2048, reps: int = 8, dtype: str = "float32") -> float:
+    """The best matrix-product rate of this process's threads (GFLOP/s) in ``dtype`` (float32 or bfloat16)."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n).to(getattr(torch, dtype)), torch.randn(n, n).to(getattr(torch, dtype))
     for _ in range(3):  # warm: the first products run below the clock the rest reach
         torch.mm(a, b)
     best = float("inf")
@@ -184,6 +185,9 @@ def main() -> None:
         plain.append(time.perf_counter() - t)
     result |= {"seconds_per_update_unprofiled": round(min(plain), 4)}  # the fastest: the least disturbed
     result |= flop_rate(trainer, dict(seen), min(plain), measured_peak_gflops())
+    if cfg.train.precision != "fp32":  # the matrices run in bfloat16: its own peak on this machine too
+        bf16_peak = measured_peak_gflops(dtype="bfloat16")
+        result |= {"peak_gflops_bf16": round(bf16_peak, 1), "share_of_bf16_peak": round(result["gflops"] / bf16_peak, 3)}
     print(json.dumps(result, indent=2))
     stats.sort_stats("tottime").print_stats(a.top)
     a.out.parent.mkdir(parents=True, exist_ok=True)

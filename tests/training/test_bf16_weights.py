@@ -131,8 +131,9 @@ def test_a_resume_continues_from_the_float32_masters(standins, zero, tmp_path):
     assert resumed.export_weights(tmp_path / "resumed") == after
 
 
-def test_a_non_finite_step_leaves_weights_and_masters_untouched(standins):
-    t = _trainer(standins["llama"], batch_size=8, micro_batch_size=4)
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_non_finite_step_leaves_weights_and_masters_untouched(standins, zero):
+    t = _trainer(standins["llama"], batch_size=8, micro_batch_size=4, zero_stage=zero)
     good = fixed_batch(8)
     weights, masters = _flat(t).clone(), _masters(t).clone()
     nan = [Sample(s.prompt_ids, s.response_ids, [float("nan")] * len(s.response_ids), s.reward, s.group) for s in good]
@@ -140,6 +141,15 @@ def test_a_non_finite_step_leaves_weights_and_masters_untouched(standins):
     assert m["nonfinite_steps"] == 1 and m["optimizer_steps"] == 0
     assert torch.equal(_flat(t), weights) and torch.equal(_masters(t), masters)
     assert t.update(good, 1)["optimizer_steps"] == 1 and not torch.equal(_masters(t), masters)
+
+
+def test_optimizer_offload_keeps_the_masters_on_cpu_with_the_same_result(standins):
+    torch.set_num_threads(1)
+    z2, off = _trainer(standins["qwen2"], zero_stage=2), _trainer(standins["qwen2"], zero_stage=2, offload_optimizer=True)
+    assert off.engine.zero_cpu_offload()
+    a, b = z2.update(fixed_batch(16), 0), off.update(fixed_batch(16), 0)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    assert torch.equal(_masters(z2), _masters(off)) and torch.equal(_flat(z2), _flat(off))
 
 
 def test_ppo_critic_and_reference_hold_bfloat16_too(standins):
