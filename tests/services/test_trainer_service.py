@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 from rlpipe.config import settings
 from rlpipe.history import read_history
 from rlpipe.storage import open_store
+from rlpipe.storage.layout import stage_prefix
+from rlpipe.storage.schemas import TRAJECTORY_SCHEMA
 from rlpipe.storage.weights import file_weights_digest
 from tests.flows.test_train_flow import even_task, invoke, rl_overrides  # noqa: F401 - fixture re-used
 from tests.helpers.prefect_server import ROOT
@@ -126,6 +128,27 @@ def test_a_run_through_two_trainer_ranks_matches_the_in_process_run(prefect_harn
     assert httpx.get(f"{url}/weights/{'0' * 64}/0", headers=auth).status_code == 409  # not the weights held
     assert httpx.get(f"{url}/weights/{version}/99", headers=auth).status_code == 422
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_bf16_weights_start_weights_are_streamed_to_the_engine(prefect_harness, trainer2, tiny_checkpoint, even_task,
+                                                               monkeypatch):
+    """train.precision bf16_weights on two ranks of the service, from a float32 checkpoint: the service rounds the
+    start weights, reports their hash at /init and streams them; the engine takes them before the start probe,
+    and iteration 0 samples from them."""
+    url, _ = trainer2
+    sets = rl_overrides(tiny_checkpoint, "rlbf16w", "hf", even_task, iterations=1) + [
+        "train.precision=bf16_weights", "train.zero_stage=1"]
+    monkeypatch.setenv("RLPIPE_TRAINER_TOKEN", TOKEN)
+    out = invoke(["run", "--run-id", "rl-trainer-bf16w", "--set", f"services.trainer={url}"] + [x for s in sets for x in ("--set", s)])
+    assert out["iterations_done"] == 1
+    start = file_weights_digest(tiny_checkpoint)
+    rows = open_store().read_stage(stage_prefix("rl-trainer-bf16w", 0, "verify"), schema=TRAJECTORY_SCHEMA).to_pylist()
+    sampled = {r["policy_version"] for r in rows}
+    assert len(sampled) == 1 and start not in sampled  # the rounded weights, not the checkpoint's
+    history = read_history(settings().run_dir("rl-trainer-bf16w"))
+    assert history[0]["sync/probe_max_abs_diff"] <= 1e-5
+    saved = load_file(settings().run_dir("rl-trainer-bf16w") / "state" / "iter=0" / "model.safetensors")
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
 
 
 def _two_rank_reference(url: str, sets: list[str]) -> str:

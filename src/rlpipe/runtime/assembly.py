@@ -89,7 +89,8 @@ def _rounded_start(engine: Any, trainer: Any, expected: str, log: Any) -> str:
         return expected
     from rlpipe.rollout.probe import load_policy
 
-    rounded = trainer.policy_tensors()[0]
+    # a trainer service reports the rounded weights' hash at its start (streamed only where they differ)
+    rounded = trainer.version if getattr(trainer, "remote", False) else trainer.policy_tensors()[0]
     if rounded == expected:  # a bfloat16 checkpoint, or a bf16_weights save point
         return expected
     log.info("train.precision bf16_weights: the start weights (%s) rounded to bfloat16 (%s); the engine takes them",

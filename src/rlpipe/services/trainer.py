@@ -4,7 +4,8 @@ and reference model) as N ranks started by ``torchrun``; rank 0 answers HTTP.
 Endpoints (all but /health need the bearer token when RLPIPE_TRAINER_TOKEN is set):
   GET  /health    → {"status", "world", "run_id", "version" (sha256 of the policy weights held), "busy", "queue"}
   POST /init      {"run_id", "policy": {"uri", "sha256"}, "resume"?, "ref"?, "critic"?, "train": {TrainConfig},
-                   "seed", "temperature", "max_new_tokens"} → {"version", "world", "iteration"}: every rank
+                   "seed", "temperature", "max_new_tokens"} → {"version", "world", "iteration", "buckets"? (train.precision
+                  bf16_weights: the start weights rounded, to stream as an update's)}: every rank
                   downloads the folders (each must lie under ``runs/<run_id>/`` of the service's own object
                   store and hold the weights ``sha256`` names) and builds the trainer; a resume state brings
                   the optimizer, critic, KL controller and RNG back.

@@ -107,7 +107,11 @@ class TrainerRanks:
                                      max_new_tokens=cmd.get("max_new_tokens"))
         self.run_id = run_id
         self.version = (cmd["resume"] or cmd["policy"])["sha256"]
-        return {"version": self.version, "world": self.world, "iteration": self.trainer.state.get("iteration")}
+        out = {"version": self.version, "world": self.world, "iteration": self.trainer.state.get("iteration")}
+        if self.trainer.cfg.precision == "bf16_weights":  # start weights rounded to bfloat16: streamed as an update's
+            handed = self._handoff({})
+            out |= {"version": handed["weights_sha256"], "buckets": handed["buckets"]}
+        return out
 
     def _read(self, cmd: dict[str, Any]) -> tuple[Any, dict[str, float]]:
         import pyarrow as pa

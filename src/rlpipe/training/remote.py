@@ -55,7 +55,8 @@ class RemoteTrainer:
                 "critic": critic, "train": train, "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens}
         got = self._post("/init", body)
         self.version, self.world, self.rank = got["version"], int(got["world"]), 0
-        self._buckets, self._handoff = 0, None  # the last update's weights: bucket count, and once streamed
+        # the last update's weights (bf16_weights: the rounded start weights): bucket count, and once streamed
+        self._buckets, self._handoff = int(got.get("buckets", 0)), None
 
     def _resume(self, resume_dir: str) -> dict[str, str]:
         """The run's checkpoint in the store that ``resume_dir`` is a copy of (uploaded first if it is not there whole)."""
