@@ -152,6 +152,21 @@ def test_optimizer_offload_keeps_the_masters_on_cpu_with_the_same_result(standin
     assert torch.equal(_masters(z2), _masters(off)) and torch.equal(_flat(z2), _flat(off))
 
 
+@pytest.mark.parametrize("extra", [{"gradient_checkpointing": True}, {"logits_chunk": 8}], ids=["checkpointing", "chunks"])
+def test_checkpointing_and_chunked_logits_give_the_same_update(standins, extra):
+    """Recomputed activations are the same bfloat16 ops (the same update, to the bit); the output layer in chunks
+    rounds its products in other shapes (the same loss and gradient norm to bfloat16's precision)."""
+    torch.set_num_threads(1)
+    plain, other = _trainer(standins["qwen2"], kl_coef=0.05), _trainer(standins["qwen2"], kl_coef=0.05, **extra)
+    a, b = plain.update(fixed_batch(16), 0), other.update(fixed_batch(16), 0)
+    if "gradient_checkpointing" in extra:
+        assert a["loss"] == b["loss"] and torch.equal(_masters(plain), _masters(other))
+        return
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-2, abs=1e-3)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=2e-2)
+    assert float((_masters(plain) - _masters(other)).abs().max()) <= 2.5e-3  # at most ~one Adam step of lr 1e-3 apart
+
+
 def test_ppo_critic_and_reference_hold_bfloat16_too(standins):
     torch.set_num_threads(1)
     t = _trainer(standins["qwen2"], algorithm="ppo", kl_coef=0.05, critic={"lr": 1e-4})

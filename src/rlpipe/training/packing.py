@@ -124,10 +124,12 @@ def logits_at(model: Any, at: torch.Tensor, hold: bool = False) -> Iterator[Held
     """Within, ``model``'s output layer (``get_output_embeddings()``) computes logits only at ``at``: flat indices
     into its input's (rows, positions), in that order, returned as (1, n, vocabulary). At a hub vocabulary
     (150k) the output layer is a quarter of a 0.5B model's forward and its logits the largest activations; a
-    prompt's positions need none. ``hold``: the output layer computes none at all (its logits come back with 0
-    positions); the gathered hidden states are kept in what this yields, gradients flowing through them. Only in
-    the calling thread (the trainer's probe may run on another). ``model``: an HF causal LM, or a DeepSpeed
-    engine or peft model around one."""
+    prompt's positions need none. ``hold``: the output layer computes none at all; the model's "logits" come back
+    as the gathered hidden states themselves, (1, n, d), also kept in what this yields, for the caller to apply the
+    output layer to. They are the model's output, so the backward reaches the model's output first (as DeepSpeed's
+    engine needs: its output hooks start each backward, and its bf16 optimizer clears the last micro-batch's
+    gradients there). Only in the calling thread (the trainer's probe may run on another). ``model``: an HF causal
+    LM, or a DeepSpeed engine or peft model around one."""
     head = getattr(model, "module", model).get_output_embeddings()
     owner, held = threading.get_ident(), HeldHidden(head=head)
 
@@ -140,11 +142,17 @@ def logits_at(model: Any, at: torch.Tensor, hold: bool = False) -> Iterator[Held
             held.hidden, picked = picked, picked[:0]
         return (picked.unsqueeze(0), *args[1:])
 
-    handle = head.register_forward_pre_hook(take)
+    def hand_back(_module: Any, _args: tuple, _out: Any) -> Any:
+        if threading.get_ident() != owner or held.hidden is None:
+            return None
+        return held.hidden.unsqueeze(0)
+
+    handles = [head.register_forward_pre_hook(take)] + ([head.register_forward_hook(hand_back)] if hold else [])
     try:
         yield held
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def _rows(lengths: Sequence[int], row: int) -> tuple[list[list[int]], int]:

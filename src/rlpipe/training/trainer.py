@@ -133,13 +133,15 @@ class PolicyTrainer(EngineSetup, UpdateMath, OptimizerSteps, Saving):
         chunk, targets = self.cfg.logits_chunk, micro.targets.reshape(-1)[dst]
         with self._autocast():
             with logits_at(model, at, hold=chunk is not None) as held:
-                logits = model(**inputs).logits
-            if logits.shape[:-1].numel() != (0 if chunk else at.numel()) or (chunk and held.hidden is None):
+                logits = model(**inputs).logits  # with chunks: the gathered hidden states, (1, n, d)
+            if logits.shape[:-1].numel() != at.numel() or (chunk and (held.hidden is None or logits.data_ptr() !=
+                                                                      held.hidden.data_ptr())):
                 raise RuntimeError(f"the model's forward gave logits of shape {tuple(logits.shape)} where its output "
                                    f"layer was asked for {at.numel()} positions: it does not compute its logits "
-                                   "through get_output_embeddings(), which rlpipe's trainer needs")
-            if chunk is not None:
-                lp, ent = chunked_logprobs(held.head, held.hidden, targets, self.temperature, chunk, bool(entropy))
+                                   "through get_output_embeddings() alone, which rlpipe's trainer needs")
+            if chunk is not None:  # from the model's output: its backward starts where DeepSpeed's hooks are
+                lp, ent = chunked_logprobs(held.head, logits.reshape(-1, logits.shape[-1]), targets, self.temperature,
+                                           chunk, bool(entropy))
                 ent = ent.detach() if entropy == "stats" else ent
         if chunk is None:
             logits = logits.reshape(-1, logits.shape[-1])
