@@ -143,6 +143,23 @@ def test_a_non_finite_step_leaves_weights_and_masters_untouched(standins, zero):
     assert t.update(good, 1)["optimizer_steps"] == 1 and not torch.equal(_masters(t), masters)
 
 
+def test_an_idle_micro_batch_adds_no_gradient(standins):
+    """A rank with nothing in a micro-batch slot still runs a backward (the step's collectives need it). DeepSpeed's
+    bf16 optimizer clears the previous micro-batch's bfloat16 gradients in a hook on the engine's output and adds
+    them into float32 after every backward: an idle backward that bypassed the engine's forward counted them twice."""
+    from rlpipe.training.packing import collate
+
+    t = _trainer(standins["qwen2"], batch_size=16, micro_batch_size=8, kl_coef=0.0)
+    opt = t.engine.optimizer
+    micro = collate(fixed_batch(8), {}, t.tokenizer.pad_token_id, pack=True, share=True).to(t.device)
+    lp, _ = t._forward(micro, t.engine)
+    t.engine.backward(lp.sum())
+    once = torch.cat([g.reshape(-1) for g in opt.fp32_groups_gradients_flat]).clone()
+    assert float(once.norm()) > 0
+    t.engine.backward(t._idle_loss(t.engine))
+    assert torch.equal(torch.cat([g.reshape(-1) for g in opt.fp32_groups_gradients_flat]), once)
+
+
 def test_optimizer_offload_keeps_the_masters_on_cpu_with_the_same_result(standins):
     torch.set_num_threads(1)
     z2, off = _trainer(standins["qwen2"], zero_stage=2), _trainer(standins["qwen2"], zero_stage=2, offload_optimizer=True)

@@ -153,8 +153,9 @@ class OptimizerSteps:
     def _idle_loss(self, engine: Any) -> torch.Tensor:
         """A zero loss for a rank with nothing in this micro-batch slot, so that it still joins the step's
         collectives. Under ZeRO-3 it runs a one-token forward: the other ranks' forward gathers each layer's
-        weights from every rank."""
-        if self.cfg.zero_stage < 3:
+        weights from every rank. Under bf16_weights too: DeepSpeed's bf16 optimizer clears the last micro-batch's
+        gradients in a hook on the engine's output, and a backward that bypasses it would count them twice."""
+        if self.cfg.zero_stage < 3 and self.cfg.precision != "bf16_weights":
             return sum(p.sum() for p in engine.module.parameters()) * 0.0
         ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
         with self._autocast():
