@@ -112,10 +112,12 @@ def test_sft_grpo_ppo_on_both_engines_and_register(prefect_harness, standins, ch
 # Both families (each drill is ~50 s of the suite): the Qwen2 stand-in with LoRA, whose resume has the most to
 # put back (the adapter onto the start model, the reference as the base with adapters off), and the Llama one
 # (untied, fp16, EOS a list, no pad token) with every weight trained in bfloat16 beside float32 masters
-# (train.precision bf16_weights: the resume must take the masters from the save point, not the rounded weights).
+# (train.precision bf16_weights: the resume must take the masters from the save point, not the rounded weights;
+# an entropy bonus moves the policy where every reward of the untrained stand-in is 0).
 @pytest.mark.parametrize("arch,extra", [("qwen2", ["train.lora={r: 8}", "train.gradient_checkpointing=true",
                                                    "train.kl_coef=0.01"]),
-                                        ("llama", ["train.precision=bf16_weights", "train.zero_stage=1"])],
+                                        ("llama", ["train.precision=bf16_weights", "train.zero_stage=1",
+                                                   "train.entropy_coef=0.01"])],
                          ids=["qwen2-lora", "llama-bf16-weights"])
 def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_data, arch, extra):
     """Killed after iteration 1's update, resumed from iteration 0's save point: the same final weights as a run
@@ -137,6 +139,9 @@ def test_kill_then_resume_on_a_hub_checkpoint(prefect_harness, standins, chat_da
     assert [h["iteration"] for h in history] == [0, 1]
     assert all(h["sync/adapter_only"] == 0.0 for h in history)  # the HF engine takes the merged weights
     assert all(h["sync/probe_max_abs_diff"] < 1e-4 for h in history)  # float32's tolerance, bfloat16 weights or not
+    first = {r["policy_version"] for r in open_store().read_stage(stage_prefix(f"hub-kill-{arch}", 0, "verify"),
+                                                                  schema=TRAJECTORY_SCHEMA).to_pylist()}
+    assert len(first) == 1 and got["final_policy_version"] not in first  # the updates moved the policy the engine runs
     if arch == "qwen2":
         cfg = load_config("configs/grpo-arithmetic.yaml", [s for s in sets[1::2]])
         mv = Tracker(settings(), cfg).version_by_alias(cfg.registered_model, "latest")

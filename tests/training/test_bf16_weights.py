@@ -143,6 +143,18 @@ def test_a_non_finite_step_leaves_weights_and_masters_untouched(standins, zero):
     assert t.update(good, 1)["optimizer_steps"] == 1 and not torch.equal(_masters(t), masters)
 
 
+def test_the_probe_leaves_the_weights_where_the_optimizer_steps_them(standins):
+    """The probe's float32 forward swaps each bfloat16 weight for a float32 copy and back: back means the same
+    storage, a view into the optimizer's flat buffer, so the next step still moves the module's weights."""
+    t = _trainer(standins["qwen2"])
+    t.update(fixed_batch(16), 0)
+    t.sequence_logprobs(PROMPTS, CONTS)
+    t.update(fixed_batch(32)[16:], 1)
+    module = torch.cat([p.detach().reshape(-1) for p in t.engine.optimizer.bf16_groups[0]])
+    assert torch.equal(module, _flat(t)[: module.numel()])
+    assert torch.equal(module, _masters(t)[: module.numel()].to(torch.bfloat16))
+
+
 def test_an_idle_micro_batch_adds_no_gradient(standins):
     """A rank with nothing in a micro-batch slot still runs a backward (the step's collectives need it). DeepSpeed's
     bf16 optimizer clears the previous micro-batch's bfloat16 gradients in a hook on the engine's output and adds

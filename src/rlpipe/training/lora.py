@@ -82,18 +82,19 @@ def upcast_frozen(model: Any) -> None:
 
 @contextmanager
 def float_weights(model: Any):
-    """The model's 16-bit parameters (a LoRA base kept in 16 bits) in float32 while the block runs, then back:
-    lossless both ways (every 16-bit value is a float32 one), so the forward inside is the float32 forward of
-    exactly the weights the trainer holds, which the merged float32 export gives the engine."""
-    low = [p for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)]
-    dtypes = [p.dtype for p in low]
-    for p in low:
-        p.data = p.data.float()
+    """The model's 16-bit parameters (a LoRA base kept in 16 bits; every weight under bf16_weights) in float32
+    while the block runs, then back: lossless (every 16-bit value is a float32 one), so the forward inside is the
+    float32 forward of exactly the weights the trainer holds, which the engine was given. Back means each
+    parameter's own storage again, not a copy: under bf16_weights it is a view into DeepSpeed's flat buffer,
+    which the optimizer writes the stepped weights into."""
+    held = [(p, p.data) for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)]
+    for p, data in held:
+        p.data = data.float()
     try:
         yield
     finally:
-        for p, dt in zip(low, dtypes):
-            p.data = p.data.to(dt)
+        for p, data in held:
+            p.data = data
 
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
