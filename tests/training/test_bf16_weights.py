@@ -155,6 +155,30 @@ def test_the_probe_leaves_the_weights_where_the_optimizer_steps_them(standins):
     assert torch.equal(module, _masters(t)[: module.numel()].to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_updates_raise_the_rewarded_responses_with_a_probe_between(standins, arch):
+    """Four on-policy GRPO updates on one scored batch, each after a probe (as each iteration's sync runs one):
+    the rewarded responses' log-probability rises against the unrewarded ones'."""
+    from dataclasses import replace
+
+    torch.set_num_threads(1)
+    t = _trainer(standins[arch], lr=3e-4)
+    batch = [s for s in fixed_batch(16) if s.reward is not None]
+
+    def logprobs():
+        return t.sequence_logprobs([s.prompt_ids for s in batch], [s.response_ids for s in batch])
+
+    def margin(lps):
+        mean = lambda r: sum(sum(lp) for lp, s in zip(lps, batch) if s.reward == r) / sum(s.reward == r for s in batch)  # noqa: E731
+        return mean(1.0) - mean(0.0)
+
+    start = margin(logprobs())
+    for k in range(4):
+        lps = logprobs()
+        t.update([replace(s, old_logprobs=lp) for s, lp in zip(batch, lps)], k)
+    assert margin(logprobs()) > start + 2.0, (start, margin(logprobs()))  # -0.1 → 10.8 here; 0 change unlinked
+
+
 def test_an_idle_micro_batch_adds_no_gradient(standins):
     """A rank with nothing in a micro-batch slot still runs a backward (the step's collectives need it). DeepSpeed's
     bf16 optimizer clears the previous micro-batch's bfloat16 gradients in a hook on the engine's output and adds
