@@ -155,14 +155,14 @@ def test_the_probe_leaves_the_weights_where_the_optimizer_steps_them(standins):
     assert torch.equal(module, _masters(t)[: module.numel()].to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_updates_raise_the_rewarded_responses_with_a_probe_between(standins, arch):
+@pytest.mark.parametrize("arch,zero", [("qwen2", 1), ("llama", 2)])
+def test_updates_raise_the_rewarded_responses_with_a_probe_between(standins, arch, zero):
     """Four on-policy GRPO updates on one scored batch, each after a probe (as each iteration's sync runs one):
     the rewarded responses' log-probability rises against the unrewarded ones'."""
     from dataclasses import replace
 
     torch.set_num_threads(1)
-    t = _trainer(standins[arch], lr=3e-4)
+    t = _trainer(standins[arch], lr=3e-4, zero_stage=zero)
     batch = [s for s in fixed_batch(16) if s.reward is not None]
 
     def logprobs():
