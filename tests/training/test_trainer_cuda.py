@@ -43,3 +43,25 @@ def test_a_bf16_update_on_cuda_keeps_float32_weights_and_moments(tiny_checkpoint
     assert all(p.dtype == torch.float32 and p.is_cuda for p in trainer.module.parameters())
     moments = [v for s in trainer.engine.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
     assert moments and all(v.dtype == torch.float32 for v in moments)
+
+
+def test_bf16_weights_on_cuda_hold_bfloat16_beside_float32_masters(tiny_checkpoint):
+    """train.precision bf16_weights on the GPU: the module's weights bfloat16 on the device, the optimizer's masters
+    and moments float32, and the probe's float32 forward of the bfloat16 weights is a float32 model's of them."""
+    from transformers import AutoModelForCausalLM
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = TrainConfig(batch_size=8, micro_batch_size=4, lr=1e-3, kl_coef=0.01, precision="bf16_weights", zero_stage=1)
+    trainer = PolicyTrainer(model_dir=str(tiny_checkpoint), cfg=cfg, seed=0, max_new_tokens=6)
+    assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in trainer.module.parameters())
+    cpu = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
+    m = trainer.update(scored_samples(cpu_logprobs(cpu, trainer.tokenizer.pad_token_id)), 0)
+    assert m["optimizer_steps"] == 1 and m["nonfinite_steps"] == 0 and m["grad_norm"] > 0
+    masters = trainer.engine.optimizer.state_dict()["single_partition_of_fp32_groups"]
+    assert all(g.dtype == torch.float32 for g in masters)
+    _, tensors = trainer.policy_tensors()
+    held = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
+    held.load_state_dict({k: v.float().cpu() for k, v in tensors.items()}, strict=False)
+    on_gpu = trainer.sequence_logprobs(PROMPTS, RESPONSES)
+    on_cpu = cpu_logprobs(held, trainer.tokenizer.pad_token_id)
+    assert max(abs(a - b) for x, y in zip(on_gpu, on_cpu) for a, b in zip(x, y)) < 1e-4
