@@ -50,10 +50,10 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 4)
 
 
-def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
+def measure(size: str, engine_kind: str, repeats: int, home: Path, sets: tuple[str, ...] = ()) -> dict:
     from scaling import policy
 
-    from rlpipe.config import RunConfig
+    from rlpipe.config import RunConfig, load_config
     from rlpipe.data import build_arithmetic
     from rlpipe.rollout.engines import new_engine
     from rlpipe.rollout.probe import load_policy
@@ -62,12 +62,14 @@ def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
     from rlpipe.training.trainer import PolicyTrainer
 
     folder, params = policy(home, size)
-    cfg = RunConfig()
+    cfg = load_config(None, list(sets)) if sets else RunConfig()
     engine = new_engine(engine_kind, folder, max_model_len=64)
     trainer = PolicyTrainer(model_dir=str(folder), cfg=cfg.train, seed=0)
     rows = [r for r in build_arithmetic(cfg.data).to_pylist() if r["split"] == "train"][:50]
     svc = RunServices(f"bench-sync-{size}", engine, trainer, None, engine.tokenizer, rows, [], {})
     register_services(svc)
+    if cfg.train.precision == "bf16_weights":  # the start weights rounded: the engine takes them (as build_services)
+        load_policy(engine, None, None, -1, trainer=trainer)
     start_probe(svc, cfg)
     from tests.helpers.dist_update import fixed_batch
 
@@ -114,7 +116,7 @@ def measure(size: str, engine_kind: str, repeats: int, home: Path) -> dict:
     stop_services(svc.run_id)
     engine.close()
     m = {k: _median(v) for k, v in t.items()}
-    return {"size": size, "params": params, "engine": engine_kind, "repeats": repeats, **m,
+    return {"size": size, "params": params, "engine": engine_kind, "repeats": repeats, "sets": list(sets), **m,
             "files_per_iteration_s": round(m["files_save"] + m["files_sync"] + m["files_probe"], 4),
             "memory_per_iteration_s": round(m["memory_hash"] + m["memory_sync"] + m["memory_probe"], 4),
             "overlapped_per_iteration_s": m["overlapped"]}
@@ -127,13 +129,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--home", type=Path, default=Path(tempfile.gettempdir()) / "rlpipe-bench" / "sync-save")
     ap.add_argument("--out", type=Path, default=Path("/tmp/rlpipe-bench/sync_save.json"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="run config overrides (e.g. train.precision=bf16_weights)")
     a = ap.parse_args()
     import torch
 
     torch.set_num_threads(2)
     results = []
     for size in a.sizes.split(","):
-        r = measure(size, a.engine, a.repeats, a.home)
+        r = measure(size, a.engine, a.repeats, a.home, tuple(a.set))
         print(json.dumps(r), flush=True)
         results.append(r)
     a.out.parent.mkdir(parents=True, exist_ok=True)

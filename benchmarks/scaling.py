@@ -202,28 +202,29 @@ def plan(axes: list[str], quick: bool) -> dict[str, list[Point]]:
 
 
 def measure_point(p: Point, home: Path, iterations: int, engine: str, env: dict[str, str],
-                  save_interval: int | None = None) -> dict[str, Any]:
+                  save_interval: int | None = None, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build (once) the point's model, run it, and read its history."""
     from rlpipe.config import settings
     from rlpipe.history import read_history
 
     folder, params = policy(home, p.model)
     run_id = f"scaling-{p.model}-c{p.completions}-t{p.max_new_tokens}-{int(time.time())}"
-    wall = run(overrides(p, folder, iterations, engine, save_interval), env, run_id, home / "logs" / f"{run_id}.log")
+    wall = run(overrides(p, folder, iterations, engine, save_interval) + list(extra), env, run_id,
+               home / "logs" / f"{run_id}.log")
     history = read_history(settings(env).run_dir(run_id))
-    return (asdict(p) | {"params": params, "run_id": run_id, "run_wall_s": round(wall, 1)} | measure(history)
+    return (asdict(p) | {"params": params, "run_id": run_id, "run_wall_s": round(wall, 1), "sets": list(extra)} | measure(history)
             | {"save_interval": save_interval, "save_point_cost_s": save_point_cost(history, save_interval)})
 
 
 def run_all(points: list[Point], home: Path, iterations: int, engine: str,
-            env: dict[str, str], save_interval: int | None = None) -> dict[Point, dict[str, Any]]:
+            env: dict[str, str], save_interval: int | None = None, extra: tuple[str, ...] = ()) -> dict[Point, dict[str, Any]]:
     """Each point once, in order, with a progress line before and after."""
     done: dict[Point, dict[str, Any]] = {}
     start, n = time.perf_counter(), len(points)
     for k, p in enumerate(points, 1):
         print(f"[scaling] point {k}/{n}: {p.model} model, {p.completions} completions, ≤{p.max_new_tokens} new tokens, "
               f"{iterations} iterations ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
-        done[p] = r = measure_point(p, home, iterations, engine, env, save_interval)
+        done[p] = r = measure_point(p, home, iterations, engine, env, save_interval, extra)
         cost = f", a save point adds {r['save_point_cost_s']:.2f} s" if r["save_point_cost_s"] is not None else ""
         print(f"[scaling] point {k}/{n} done: {r['params']:,} params, {r['seconds_per_iteration']:.3f} s/iteration, "
               f"dominant {r['dominant']}{cost}, run {r['run_wall_s']:.0f} s ({time.perf_counter() - start:.0f} s elapsed)",
@@ -242,6 +243,8 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="only the points of these MODELS keys (comma-separated, e.g. 100M)")
     ap.add_argument("--save-interval", type=int, default=None,
                     help="train.save_interval (default: the run's length, so the one save point is its last iteration)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="more run config overrides, after the point's own (e.g. train.precision=bf16_weights)")
     a = ap.parse_args()
     iterations = 2 if a.quick else max(2, a.iterations)
     env = os.environ | {"RLPIPE_HOME": str(a.home), "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
@@ -251,7 +254,7 @@ def main() -> None:
         points = {axis: [p for p in ps if p.model in a.models.split(",")] for axis, ps in points.items()}
     start = time.perf_counter()
     done = run_all(list(dict.fromkeys(p for ps in points.values() for p in ps)), a.home, iterations, a.engine, env,
-                   a.save_interval)
+                   a.save_interval, tuple(a.set))
     wall = round(time.perf_counter() - start, 1)
     out = {"engine": a.engine, "iterations": iterations, "cpus": os.cpu_count(), "wall_s": wall,
            "axes": {axis: [done[p] for p in ps] for axis, ps in points.items()}}
