@@ -32,6 +32,9 @@ MODES = {"full": {}, "lora": {"lora": {"r": 16, "alpha": 32, "target_modules": "
          "lora+checkpointing": {"lora": {"r": 16, "alpha": 32, "target_modules": "all-linear"}, "gradient_checkpointing": True}}
 # The same under train.precision bf16 (bfloat16 autocast; LoRA then keeps the frozen base in 16 bits).
 MODES |= {f"{name}-bf16": dict(train, precision="bf16") for name, train in list(MODES.items())}
+# And under bf16_weights (bfloat16 weights, float32 masters in DeepSpeed's bf16 optimizer: ZeRO 1; no LoRA).
+MODES |= {f"{name}-bf16w": dict(train, precision="bf16_weights", zero_stage=1)
+          for name, train in list(MODES.items()) if "lora" not in train and "precision" not in train}
 MICRO, PROMPT, RESPONSE = 8, 64, 64
 
 

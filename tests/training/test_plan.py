@@ -71,6 +71,7 @@ def test_bf16_weights_counts_bfloat16_weights_beside_float32_masters(standins):
     one = plan_memory(_cfg(precision="bf16_weights", zero_stage=1, kl_coef=0.05, algorithm="ppo"), folder, gpu=True)
     c = one.components
     assert c["policy_weights"] == 2 * p and c["master_weights"] == 4 * p and c["gradients"] == 4 * p
+    assert c["bf16_gradients"] == 2 * p  # each micro-batch's, beside the float32 accumulation
     assert c["optimizer_moments"] == 8 * p and c["reference"] == 2 * p and c["critic"] == 18 * p
     autocast = plan_memory(_cfg(precision="bf16", zero_stage=1, kl_coef=0.05, algorithm="ppo"), folder, gpu=True)
     assert c["activations"] == autocast.components["activations"]  # 16-bit activations either way

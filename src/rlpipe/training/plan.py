@@ -7,6 +7,7 @@ arithmetic on the config. Per trainer rank, bytes:
   16-bit checkpoint or under bf16 keeps the frozen base in 16 bits, 2·(P − P_train) + 4·P_train; ZeRO-3 splits
   them by rank; ``bf16_weights``: 2·P, and the optimizer's float32 masters 4·P/N (``master_weights``);
 - gradients: 4·P_train (P_train = P, or the adapters' parameters under LoRA); ZeRO ≥ 2 splits them by rank;
+  ``bf16_weights`` adds the micro-batch's bfloat16 gradients, 2·P_train (``bf16_gradients``, measured at ZeRO 1);
 - Adam moments: 8·P_train; ZeRO ≥ 1 splits them by rank; ``offload_optimizer`` moves them and the fp32
   partition (4·P_train/N) to CPU memory (``cpu_optimizer_offload``, not in the GPU's total);
 - reference: P in float32, or in the checkpoint's dtype under bf16, in bfloat16 under bf16_weights; none under LoRA (adapters off) or without KL;
@@ -124,8 +125,9 @@ def plan_memory(cfg: Any, folder: str | Path, gpu: bool, budget: int | None = No
     comp = {"policy_weights": weights // (world if z >= 3 else 1),
             "gradients": 4 * trainable // (world if z >= 2 else 1),
             "optimizer_moments": 8 * trainable // (world if z >= 1 else 1)}
-    if bf16w:
+    if bf16w:  # the masters; and a micro-batch's bfloat16 gradients, alive beside their float32 accumulation
         comp["master_weights"] = 4 * trainable // world
+        comp["bf16_gradients"] = 2 * trainable
     if t.offload_optimizer and gpu:  # in CPU memory: not the GPU's
         masters = comp.pop("master_weights") if bf16w else (4 * trainable // world if z >= 1 else 0)
         comp["cpu_optimizer_offload"] = comp.pop("optimizer_moments") + masters
