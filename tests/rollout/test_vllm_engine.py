@@ -176,7 +176,9 @@ def test_a_closed_engine_gives_its_memory_back_and_the_others_keep_working(tiny_
         extra = new_engine("vllm", tiny_checkpoint, max_model_len=64)
         held = _rss() - start
         kv = extra.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
-        assert held > kv  # the engine's KV cache (and its weights) are resident
+        # the engine's KV cache (and its weights) are resident: 90% of it, since the allocator may hand the new engine
+        # pages the last one freed and the process still holds (a fresh clone's second round: 99.7% of the cache)
+        assert held > 0.9 * kv
         extra.close()
         assert _rss() - start < 0.25 * held, f"{(_rss() - start) >> 20} MiB of {held >> 20} MiB still held"
     assert kept.generate([[5, 6, 7]], sampling)[0][0].token_ids == before[0][0].token_ids
